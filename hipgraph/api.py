@@ -1,0 +1,163 @@
+"""The user-facing handle of one index: :func:`open` returns a :class:`HipGraph`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hipgraph import registry
+from hipgraph.config import ExtractorConfig, IndexConfig
+from hipgraph.errors import ConfigError
+from hipgraph.indexers.extract_base import Extractor
+from hipgraph.indexers.pipeline import Indexer, Progress
+from hipgraph.models.base import Embedder
+from hipgraph.store.database import GraphStore
+from hipgraph.store.llm_cache import DuckDBResponseCache
+from hipgraph.store.vector_set import VectorSet
+from hipgraph.types import Document, Hit, IndexReport
+
+logger = logging.getLogger(__name__)
+
+RETRIEVAL_MODES = ("dense",)
+
+
+def open(  # noqa: A001 - the package's entry point, used as hipgraph.open(...)
+    path: str | Path,
+    *,
+    create: bool = False,
+    read_only: bool = False,
+    config: IndexConfig | None = None,
+    extractor: ExtractorConfig | None = None,
+    embedder: Embedder | None = None,
+) -> HipGraph:
+    """Open the index folder ``path`` (``create=True`` makes it when absent).
+
+    A new index saves ``config`` (defaults otherwise) and the resolved backend names; reopening
+    restores them. ``extractor`` overrides the saved extractor for this session's writes (each fact
+    records which extractor produced it). ``embedder`` passes a ready backend instance, which must
+    match the one the index was built with.
+    """
+    return HipGraph(Path(path), create=create, read_only=read_only, config=config,
+                    extractor=extractor, embedder=embedder)
+
+
+class HipGraph:
+    """One open index: add/delete documents, statistics, retrieval."""
+
+    def __init__(self, path: Path, *, create: bool, read_only: bool, config: IndexConfig | None,
+                 extractor: ExtractorConfig | None, embedder: Embedder | None):
+        self.path = path
+        self.store: GraphStore | None = None
+        db_exists = (path / "graph.duckdb").exists()
+        if db_exists:
+            self.store = GraphStore.open(path, read_only=read_only)
+            saved = IndexConfig.from_dict(self.store.meta_get("config"))
+            if config is not None and config.embedder != saved.embedder:
+                self.store.close()
+                raise ConfigError(
+                    f"index {path} was built with embedder {self.store.meta_get('embedder')!r} "
+                    f"({saved.embedder}); a different embedder config cannot be used with it")
+            self.config = saved if config is None else config
+        else:
+            self.config = config or IndexConfig()
+        if extractor is not None:
+            self.config = self.config.replace(extractor=extractor)
+        self._embedder = embedder
+        if not db_exists:
+            emb = self.embedder
+            meta = {
+                "config": self.config.to_dict(),
+                "embedder": emb.name,
+                "extractor": self.config.extractor.name,
+            }
+            self.store = GraphStore.open(path, create=create, read_only=read_only,
+                                         dimension=emb.dimension, meta=meta)
+        elif embedder is not None and embedder.name != self.store.meta_get("embedder"):
+            self.store.close()
+            raise ConfigError(f"index {path} was built with embedder {self.store.meta_get('embedder')!r}, "
+                              f"not {embedder.name!r}")
+        try:
+            self.vectors = VectorSet(self.store, self.config.vectors).open()
+        except BaseException:
+            self.store.close()
+            raise
+        self._indexer: Indexer | None = None
+
+    # ------------------------------------------------------------------ backends
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = registry.create("embedder", self.config.embedder.name, self.config.embedder)
+        return self._embedder
+
+    def _make_extractor(self) -> Extractor:
+        cfg = self.config.extractor
+        if cfg.name == "llm":
+            return registry.create("extractor", "llm", cfg, cache=DuckDBResponseCache(self.store))
+        return registry.create("extractor", cfg.name, cfg)
+
+    @property
+    def indexer(self) -> Indexer:
+        if self._indexer is None:
+            self._indexer = Indexer(self.store, self.vectors, self.embedder, self._make_extractor, self.config)
+        return self._indexer
+
+    # ------------------------------------------------------------------ writing
+    def add_documents(
+        self,
+        documents: Iterable[Document | Mapping[str, Any]],
+        *,
+        progress: Progress | None = None,
+        batch_size: int | None = None,
+    ) -> IndexReport:
+        """Add documents (``{"id", "text", "title"?, "metadata"?}`` or :class:`Document`).
+
+        Idempotent per id: the same content is a no-op, changed content replaces the old version.
+        Each batch of ``batch_size`` documents commits atomically.
+        """
+        report = self.indexer.add_documents(documents, progress=progress, batch_size=batch_size)
+        if report.added or report.replaced:
+            self.store.meta_set("extractor", self.indexer.extractor.name)
+        return report
+
+    def delete_documents(self, ids: Sequence[str]) -> IndexReport:
+        """Delete documents with their passages, facts, orphaned entities, edges and vectors."""
+        return self.indexer.delete_documents(list(ids))
+
+    # ------------------------------------------------------------------ reading
+    def stats(self) -> dict[str, Any]:
+        """Counts: documents, passages, entities, facts and edges by type."""
+        return self.store.stats()
+
+    def retrieve(self, question: str, k: int = 5, mode: str = "dense") -> list[Hit]:
+        """Top-``k`` passages for ``question``."""
+        return self.retrieve_many([question], k=k, mode=mode)[0]
+
+    def retrieve_many(self, questions: Sequence[str], k: int = 5, mode: str = "dense") -> list[list[Hit]]:
+        """Top-``k`` passages per question, with one embedding call for all of them."""
+        from hipgraph.query.dense import dense_search  # noqa: PLC0415
+
+        if mode not in RETRIEVAL_MODES:
+            raise ConfigError(f"unknown retrieval mode {mode!r}; available: {', '.join(RETRIEVAL_MODES)}")
+        if k < 1:
+            raise ConfigError(f"k must be >= 1, got {k}")
+        if isinstance(questions, str):
+            raise ConfigError("retrieve_many takes a list of questions, not one string")
+        vectors = self.embedder.embed(list(questions))
+        return dense_search(self.store, self.vectors, vectors, k)
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def __enter__(self) -> HipGraph:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"HipGraph({str(self.path)!r})"

@@ -1,0 +1,278 @@
+"""The batch command line: ``hipgraph index | query | eval | stats``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hipgraph.errors import HipgraphError, InputError
+
+logger = logging.getLogger("hipgraph.cli")
+
+
+# ---------------------------------------------------------------------- argument groups
+def _add_db(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", required=True, type=Path, help="index folder (graph.duckdb + FAISS files)")
+
+
+def _add_output(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("output")
+    group.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+    group.add_argument("-q", "--quiet", action="store_true", help="no progress bars or log messages")
+    group.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+
+
+def _add_llm(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("LLM endpoint (OpenAI-compatible)")
+    group.add_argument("--llm-base-url", default=os.environ.get("HIPGRAPH_LLM_BASE_URL"),
+                       help="e.g. http://127.0.0.1:8000/v1 (env HIPGRAPH_LLM_BASE_URL)")
+    group.add_argument("--llm-model", default=os.environ.get("HIPGRAPH_LLM_MODEL"),
+                       help="model name (env HIPGRAPH_LLM_MODEL)")
+    group.add_argument("--llm-api-key-env", default="OPENAI_API_KEY",
+                       help="environment variable holding the API key (unset: no key)")
+    group.add_argument("--llm-concurrency", type=int, default=8, help="parallel requests")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hipgraph", description="Graph-based retrieval engine.")
+    parser.add_argument("--version", action="version", version=f"hipgraph {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("index", help="index documents into an index folder (created if absent)")
+    _add_db(p)
+    p.add_argument("inputs", nargs="+", help="JSON (list or bundle with 'corpus'), JSONL, .txt/.md files or folders")
+    p.add_argument("--extractor", default=None,
+                   help="spacy (default) | llm | precomputed:FILE (HippoRAG OpenIE JSON)")
+    p.add_argument("--id-field", default="id")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--title-field", default="title")
+    p.add_argument("--batch-size", type=int, default=None, help="documents per committed batch (256)")
+    p.add_argument("--chunk-tokens", type=int, default=None, help="max tokens per passage (new index)")
+    p.add_argument("--chunk-overlap", type=int, default=None, help="token overlap (new index)")
+    p.add_argument("--vector-index", choices=("flat", "ivf", "hnsw"), default=None,
+                   help="FAISS layout for a new index (flat = exact)")
+    p.add_argument("--embedder", choices=("minilm", "openai"), default=None, help="for a new index")
+    p.add_argument("--embed-base-url", default=None, help="openai embedder endpoint")
+    p.add_argument("--embed-model", default=None, help="openai embedder model")
+    p.add_argument("--limit", type=int, default=None, help="index only the first N records")
+    _add_llm(p)
+    _add_output(p)
+    p.set_defaults(func=cmd_index)
+
+    p = sub.add_parser("query", help="retrieve passages for a question")
+    _add_db(p)
+    p.add_argument("question")
+    p.add_argument("-k", type=int, default=5)
+    p.add_argument("--mode", default="dense", help="retrieval mode (dense)")
+    _add_output(p)
+    p.set_defaults(func=cmd_query)
+
+    p = sub.add_parser("eval", help="retrieval recall@k on a QA bundle indexed with its corpus idx as ids")
+    _add_db(p)
+    p.add_argument("bundle", type=Path, help="bundle JSON with 'questions' (gold_idx) and 'corpus'")
+    p.add_argument("--mode", default="dense")
+    p.add_argument("--k", default="2,5,10", help="comma-separated cut-offs")
+    p.add_argument("--limit", type=int, default=None, help="first N questions")
+    _add_output(p)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("stats", help="counts of documents, passages, entities, facts, edges")
+    _add_db(p)
+    _add_output(p)
+    p.set_defaults(func=cmd_stats)
+    return parser
+
+
+def _version() -> str:
+    from hipgraph import __version__  # noqa: PLC0415
+
+    return __version__
+
+
+# ---------------------------------------------------------------------- commands
+def _progress_bar(total: int, quiet: bool, desc: str):
+    from tqdm import tqdm  # noqa: PLC0415
+
+    return tqdm(total=total, desc=desc, unit="doc", disable=quiet or not sys.stderr.isatty(),
+                dynamic_ncols=True, smoothing=0.1)
+
+
+def _extractor_config(args: argparse.Namespace, base):
+    from hipgraph.config import ChatConfig, ExtractorConfig  # noqa: PLC0415
+
+    if args.extractor is None:
+        return None
+    name, _, arg = args.extractor.partition(":")
+    if name == "spacy":
+        return ExtractorConfig(name="spacy")
+    if name == "precomputed":
+        if not arg:
+            raise InputError("--extractor precomputed needs a file: precomputed:FILE")
+        return ExtractorConfig(name="precomputed", precomputed_path=str(Path(arg).resolve()))
+    if name == "llm":
+        if not args.llm_base_url or not args.llm_model:
+            raise InputError("--extractor llm needs --llm-base-url and --llm-model")
+        chat = ChatConfig(base_url=args.llm_base_url, model=args.llm_model,
+                          api_key_env=args.llm_api_key_env, max_concurrency=args.llm_concurrency)
+        return ExtractorConfig(name="llm", chat=chat)
+    raise InputError(f"unknown extractor {args.extractor!r} (spacy | llm | precomputed:FILE)")
+
+
+def _new_index_config(args: argparse.Namespace):
+    from hipgraph.config import ChunkConfig, EmbedderConfig, IndexConfig, VectorIndexConfig  # noqa: PLC0415
+
+    config = IndexConfig()
+    changes: dict[str, Any] = {}
+    if args.chunk_tokens or args.chunk_overlap is not None:
+        changes["chunk"] = ChunkConfig(max_tokens=args.chunk_tokens or config.chunk.max_tokens,
+                                       overlap=config.chunk.overlap if args.chunk_overlap is None else args.chunk_overlap)
+    if args.vector_index:
+        changes["vectors"] = VectorIndexConfig(kind=args.vector_index)
+    if args.embedder == "openai":
+        changes["embedder"] = EmbedderConfig(name="openai", base_url=args.embed_base_url, model=args.embed_model)
+    if args.batch_size:
+        changes["batch_size"] = args.batch_size
+    return config.replace(**changes) if changes else config
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    import hipgraph  # noqa: PLC0415
+    from hipgraph.indexers.readers import FieldMap, read_inputs  # noqa: PLC0415
+
+    fields = FieldMap(id=args.id_field, text=args.text_field, title=args.title_field)
+    records = list(read_inputs(args.inputs, fields))  # validates every file before writing
+    if args.limit is not None:
+        records = records[: args.limit]
+    extractor = _extractor_config(args, None)
+    exists = (args.db / "graph.duckdb").exists()
+    config = None if exists else _new_index_config(args)
+    t0 = time.perf_counter()
+    with hipgraph.open(args.db, create=True, config=config, extractor=extractor) as hg:
+        with _progress_bar(len(records), args.quiet, "indexing") as bar:
+            report = hg.add_documents(records, progress=bar.update, batch_size=args.batch_size)
+        stats = hg.stats()
+    elapsed = time.perf_counter() - t0
+    out = {"report": report.to_dict(), "stats": stats, "seconds": round(elapsed, 3)}
+    for warning in report.warnings:
+        logger.warning("%s", warning)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        r = report
+        print(f"indexed {args.db}: {r.added} added, {r.replaced} replaced, {r.unchanged} unchanged, "
+              f"{r.skipped} skipped; {r.passages} passages, {r.entities_new} new entities, "
+              f"{r.facts_new} new facts in {elapsed:.1f}s")
+        _print_stats(stats)
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import hipgraph  # noqa: PLC0415
+
+    with hipgraph.open(args.db, read_only=True) as hg:
+        hits = hg.retrieve(args.question, k=args.k, mode=args.mode)
+    if args.json:
+        print(json.dumps({"question": args.question, "mode": args.mode,
+                          "hits": [h.to_dict() for h in hits]}, indent=2))
+    else:
+        print(f"Q: {args.question}")
+        for h in hits:
+            text = h.text if len(h.text) <= 240 else h.text[:237] + "..."
+            print(f"{h.rank:>3}. [{h.score:.4f}] {h.title} (doc {h.doc_id})\n     {text}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import hipgraph  # noqa: PLC0415
+
+    try:
+        bundle = json.loads(args.bundle.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"cannot read bundle: {exc}", source=str(args.bundle)) from exc
+    questions = bundle.get("questions") if isinstance(bundle, dict) else None
+    if not isinstance(questions, list):
+        raise InputError('bundle has no "questions" list', source=str(args.bundle))
+    questions = [q for q in questions if q.get("gold_idx")][: args.limit]
+    cutoffs = sorted({int(x) for x in args.k.split(",") if x.strip()})
+    with hipgraph.open(args.db, read_only=True) as hg:
+        t0 = time.perf_counter()
+        results = hg.retrieve_many([q["question"] for q in questions], k=max(cutoffs), mode=args.mode)
+        elapsed = time.perf_counter() - t0
+    recall = {}
+    for k in cutoffs:
+        per_q = []
+        for q, hits in zip(questions, results, strict=True):
+            gold = {str(g) for g in q["gold_idx"]}
+            found = {h.doc_id for h in hits[:k]}
+            per_q.append(len(gold & found) / len(gold))
+        recall[f"recall@{k}"] = round(100 * sum(per_q) / max(1, len(per_q)), 2)
+    out = {"mode": args.mode, "questions": len(questions), **recall,
+           "ms_per_query": round(1000 * elapsed / max(1, len(questions)), 2)}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print("  ".join(f"{k}={v}" for k, v in out.items()))
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    import hipgraph  # noqa: PLC0415
+
+    with hipgraph.open(args.db, read_only=True) as hg:
+        stats = hg.stats()
+    if args.json:
+        print(json.dumps(stats, indent=2))
+    else:
+        _print_stats(stats)
+    return 0
+
+
+def _print_stats(stats: dict[str, Any]) -> None:
+    edges = stats["edges"]
+    print(f"documents {stats['documents']}  passages {stats['passages']}  entities {stats['entities']}  "
+          f"facts {stats['facts']}  edges: fact {edges['fact']}, mention {edges['mention']}, "
+          f"synonym {edges['synonym']}")
+
+
+# ---------------------------------------------------------------------- entry point
+def _setup_logging(args: argparse.Namespace) -> None:
+    level = logging.DEBUG if args.verbose else logging.ERROR if args.quiet else logging.WARNING
+    logging.basicConfig(level=level, format="hipgraph: %(levelname)s: %(message)s", stream=sys.stderr)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging as hf_logging  # noqa: PLC0415
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args)
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        print(f"hipgraph: error: {exc}", file=sys.stderr)
+        return 2
+    except HipgraphError as exc:
+        print(f"hipgraph: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("hipgraph: interrupted; committed batches are kept, re-run to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

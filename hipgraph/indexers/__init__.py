@@ -1,0 +1,1 @@
+"""Everything that writes the graph: chunking, extraction, embedding orchestration, graph updates."""

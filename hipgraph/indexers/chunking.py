@@ -1,0 +1,47 @@
+"""Token-based chunking of documents into passages with character offsets."""
+
+from __future__ import annotations
+
+import re
+
+from hipgraph.config import ChunkConfig
+from hipgraph.types import Chunk, Document
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+_SENTENCE_END = frozenset(".!?")
+
+
+def chunk_document(doc: Document, config: ChunkConfig) -> list[Chunk]:
+    """Cut ``doc.text`` into windows of at most ``max_tokens`` tokens overlapping by ``overlap``.
+
+    A window that would end mid-sentence is pulled back to the last sentence end in its second
+    half, so passages mostly hold whole sentences. Short documents give one chunk (the whole text).
+    """
+    text = doc.text
+    spans = [(m.start(), m.end()) for m in _TOKEN.finditer(text)]
+    if len(spans) <= config.max_tokens:
+        start, end = _strip_span(text, 0, len(text))
+        return [Chunk(doc.id, 0, text[start:end], start, end, doc.title)]
+    chunks: list[Chunk] = []
+    first = 0
+    while first < len(spans):
+        last = min(first + config.max_tokens, len(spans))  # exclusive
+        if last < len(spans):
+            for cut in range(last - 1, first + config.max_tokens // 2, -1):
+                if text[spans[cut][0]:spans[cut][1]] in _SENTENCE_END:
+                    last = cut + 1
+                    break
+        start, end = _strip_span(text, spans[first][0], spans[last - 1][1])
+        chunks.append(Chunk(doc.id, len(chunks), text[start:end], start, end, doc.title))
+        if last >= len(spans):
+            break
+        first = max(last - config.overlap, first + 1)
+    return chunks
+
+
+def _strip_span(text: str, start: int, end: int) -> tuple[int, int]:
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end

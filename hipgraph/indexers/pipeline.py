@@ -1,0 +1,397 @@
+"""Batch indexing: documents → passages → extraction → embeddings → one DuckDB transaction.
+
+Each batch commits atomically; FAISS files are updated and saved after the commit. A crash loses
+at most the batch in flight, and re-adding the same documents resumes (unchanged ones are skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from hipgraph.config import IndexConfig
+from hipgraph.errors import InputError
+from hipgraph.indexers.chunking import chunk_document
+from hipgraph.indexers.documents import SkippedRecord, content_hash, text_hash, to_document
+from hipgraph.indexers.extract_base import Extractor
+from hipgraph.indexers.extract_spacy import COOCCURS
+from hipgraph.indexers.graph_update import (
+    Removed,
+    add_mention_edges,
+    collect_orphans,
+    delete_document_rows,
+    refresh_entities,
+    synonym_pairs,
+)
+from hipgraph.indexers.normalize import clean_surface, normalize_entity, normalize_relation
+from hipgraph.models.base import Embedder
+from hipgraph.store.database import GraphStore
+from hipgraph.store.vector_set import VectorSet
+from hipgraph.types import Chunk, Document, IndexReport
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[int], None]
+
+
+def passage_embedding_text(chunk: Chunk, prepend_title: bool) -> str:
+    return f"{chunk.title}\n{chunk.text}" if prepend_title and chunk.title else chunk.text
+
+
+def fact_text(subject: str, relation: str, obj: str) -> str:
+    return f"{subject} {relation} {obj}"
+
+
+@dataclass
+class _Batch:
+    """A batch after the compute stages, ready for the write transaction."""
+
+    docs: list[Document] = field(default_factory=list)
+    hashes: list[str] = field(default_factory=list)
+    replaced: list[int] = field(default_factory=list)  # db ids of documents being replaced
+    chunks: list[Chunk] = field(default_factory=list)
+    chunk_doc: list[int] = field(default_factory=list)  # index into docs
+    passage_vectors: np.ndarray | None = None
+    mentions: list[tuple[int, str, str, str | None]] = field(default_factory=list)  # chunk, name, surface, label
+    facts: list[tuple[int, str, str, str, str]] = field(default_factory=list)  # chunk, subj, rel, obj, kind
+    entity_ids: dict[str, int] = field(default_factory=dict)  # existing names -> ids
+    new_entities: list[str] = field(default_factory=list)
+    new_entity_vectors: np.ndarray | None = None
+    fact_ids: dict[tuple[str, str, str], int] = field(default_factory=dict)  # existing fact keys
+    new_facts: list[tuple[str, str, str, str]] = field(default_factory=list)  # subj, rel, obj, kind
+    new_fact_vectors: np.ndarray | None = None  # rows for new facts of kind 'triple', in order
+
+
+class Indexer:
+    """Writes documents into one index: owns the add/delete transactions."""
+
+    def __init__(
+        self,
+        store: GraphStore,
+        vectors: VectorSet,
+        embedder: Embedder,
+        extractor_factory: Callable[[], Extractor],
+        config: IndexConfig,
+    ):
+        self.store = store
+        self.vectors = vectors
+        self.embedder = embedder
+        self._extractor_factory = extractor_factory
+        self._extractor: Extractor | None = None
+        self.config = config
+
+    @property
+    def extractor(self) -> Extractor:
+        if self._extractor is None:
+            self._extractor = self._extractor_factory()
+        return self._extractor
+
+    # ------------------------------------------------------------------ public
+    def add_documents(
+        self,
+        records: Iterable[Document | Mapping[str, Any]],
+        *,
+        progress: Progress | None = None,
+        batch_size: int | None = None,
+    ) -> IndexReport:
+        """Add or replace documents in batches; each batch is one transaction."""
+        size = batch_size or self.config.batch_size
+        report = IndexReport()
+        batch: dict[str, Document] = {}
+        for n, record in enumerate(records):
+            where = record.get("_where", f"record {n}") if isinstance(record, Mapping) else f"record {n}"
+            try:
+                doc = to_document(record, where=where)
+            except SkippedRecord as skip:
+                report.skipped += 1
+                report.warnings.append(str(skip))
+                logger.warning("%s", skip)
+                if progress:
+                    progress(1)
+                continue
+            if doc.id in batch:
+                report.warnings.append(f"{where}: document {doc.id!r} repeated in one batch; the later one wins")
+                if progress:
+                    progress(1)
+            batch[doc.id] = doc
+            if len(batch) >= size:
+                report.merge(self._add_batch(list(batch.values())))
+                if progress:
+                    progress(len(batch))
+                batch = {}
+        if batch:
+            report.merge(self._add_batch(list(batch.values())))
+            if progress:
+                progress(len(batch))
+        return report
+
+    def delete_documents(self, keys: Sequence[str]) -> IndexReport:
+        """Delete documents by id; unknown ids are counted as warnings, not errors."""
+        report = IndexReport()
+        keys = [str(k) for k in keys]
+        t0 = time.perf_counter()
+        found = self._existing(keys)
+        missing = sorted(set(keys) - set(found))
+        for key in missing:
+            report.warnings.append(f"document {key!r} is not in the index")
+        if not found:
+            return report
+        removed = Removed()
+        with self.store.transaction():
+            delete_document_rows(self.store, [found[k][0] for k in found], removed)
+            collect_orphans(self.store, removed)
+            refresh_entities(self.store, removed.affected_entities - removed.entities)
+            self.store.bump_generation()
+        report.deleted = len(found)
+        report.seconds["graph"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.vectors.apply(removed, added={})
+        report.seconds["write"] = time.perf_counter() - t1
+        return report
+
+    # ------------------------------------------------------------------ one batch
+    def _existing(self, keys: Sequence[str]) -> dict[str, tuple[int, str]]:
+        table = pa.table({"key": pa.array(list(keys), pa.string())})
+        self.store.con.register("_keys", table)
+        try:
+            rows = self.store.con.execute(
+                "SELECT d.key, d.id, d.content_hash FROM documents d JOIN _keys k ON d.key = k.key"
+            ).fetchall()
+        finally:
+            self.store.con.unregister("_keys")
+        return {key: (int(doc_id), h) for key, doc_id, h in rows}
+
+    def _add_batch(self, docs: list[Document]) -> IndexReport:
+        report = IndexReport()
+        existing = self._existing([d.id for d in docs])
+        batch = _Batch()
+        for doc in docs:
+            h = content_hash(doc)
+            old = existing.get(doc.id)
+            if old is not None and old[1] == h:
+                report.unchanged += 1
+                continue
+            if old is not None:
+                batch.replaced.append(old[0])
+                report.replaced += 1
+            else:
+                report.added += 1
+            batch.docs.append(doc)
+            batch.hashes.append(h)
+        if not batch.docs:
+            return report
+        for i, doc in enumerate(batch.docs):
+            for chunk in chunk_document(doc, self.config.chunk):
+                batch.chunks.append(chunk)
+                batch.chunk_doc.append(i)
+        report.passages = len(batch.chunks)
+
+        with _timed(report, "extract"):
+            extractions = self.extractor.extract(batch.chunks)
+            if len(extractions) != len(batch.chunks):
+                raise InputError(
+                    f"extractor {self.extractor.name} returned {len(extractions)} results "
+                    f"for {len(batch.chunks)} passages"
+                )
+            self._collect_graph_items(batch, extractions)
+        with _timed(report, "graph"):
+            self._resolve_existing(batch)
+        with _timed(report, "embed"):
+            prepend = self.config.chunk.prepend_title
+            batch.passage_vectors = self.embedder.embed(
+                [passage_embedding_text(c, prepend) for c in batch.chunks])
+            batch.new_entity_vectors = self.embedder.embed(batch.new_entities)
+            batch.new_fact_vectors = self.embedder.embed(
+                [fact_text(s, r, o) for s, r, o, kind in batch.new_facts if kind == "triple"])
+        self._write(batch, report)
+        return report
+
+    def _collect_graph_items(self, batch: _Batch, extractions) -> None:
+        """Normalize extractor output into mention and fact rows keyed by entity names."""
+        for ci, extraction in enumerate(extractions):
+            seen_mentions: set[tuple[str, str]] = set()
+
+            def mention(surface: str, label: str | None, _ci=ci, _seen=seen_mentions) -> str | None:
+                surface = clean_surface(surface)
+                name = normalize_entity(surface)
+                if not name:
+                    return None
+                if (name, surface) not in _seen:
+                    _seen.add((name, surface))
+                    batch.mentions.append((_ci, name, surface, label))
+                return name
+
+            for surface in extraction.entities:
+                mention(surface, extraction.entity_labels.get(surface))
+            seen_facts: set[tuple[str, str, str]] = set()
+            for triple in extraction.triples:
+                subj = mention(triple.subject, extraction.entity_labels.get(triple.subject))
+                obj = mention(triple.object, extraction.entity_labels.get(triple.object))
+                rel = normalize_relation(triple.relation)
+                if not subj or not obj or not rel or subj == obj:
+                    continue
+                kind = "cooccurrence" if triple.relation == COOCCURS else "triple"
+                if kind == "cooccurrence":
+                    subj, obj = sorted((subj, obj))
+                key = (subj, rel, obj)
+                if key not in seen_facts:
+                    seen_facts.add(key)
+                    batch.facts.append((ci, subj, rel, obj, kind))
+
+    def _resolve_existing(self, batch: _Batch) -> None:
+        """Find which entity names and fact keys already exist; list the new ones."""
+        con = self.store.con
+        names = sorted({m[1] for m in batch.mentions})
+        if names:
+            con.register("_names", pa.table({"name": pa.array(names, pa.string())}))
+            try:
+                rows = con.execute(
+                    "SELECT e.name, e.id FROM entities e JOIN _names n ON e.name = n.name").fetchall()
+            finally:
+                con.unregister("_names")
+            batch.entity_ids = {name: int(eid) for name, eid in rows}
+        batch.new_entities = [n for n in names if n not in batch.entity_ids]
+        keys = sorted({(s, r, o, kind) for _, s, r, o, kind in batch.facts})
+        known = [(s, r, o) for s, r, o, _ in keys if s in batch.entity_ids and o in batch.entity_ids]
+        if known:
+            table = pa.table({
+                "subject_id": pa.array([batch.entity_ids[s] for s, _, _ in known], pa.int64()),
+                "relation": pa.array([r for _, r, _ in known], pa.string()),
+                "object_id": pa.array([batch.entity_ids[o] for _, _, o in known], pa.int64()),
+            })
+            con.register("_fkeys", table)
+            try:
+                rows = con.execute("""
+                    SELECT f.subject_id, f.relation, f.object_id, f.id FROM facts f
+                    JOIN _fkeys k USING (subject_id, relation, object_id)""").fetchall()
+            finally:
+                con.unregister("_fkeys")
+            by_ids = {(int(s), r, int(o)): int(fid) for s, r, o, fid in rows}
+            for s, r, o in known:
+                fid = by_ids.get((batch.entity_ids[s], r, batch.entity_ids[o]))
+                if fid is not None:
+                    batch.fact_ids[(s, r, o)] = fid
+        seen: set[tuple[str, str, str]] = set()
+        for s, r, o, kind in keys:
+            if (s, r, o) not in batch.fact_ids and (s, r, o) not in seen:
+                seen.add((s, r, o))
+                batch.new_facts.append((s, r, o, kind))
+
+    def _write(self, batch: _Batch, report: IndexReport) -> None:
+        store = self.store
+        removed = Removed()
+        extractor_name = self.extractor.name
+        t_write = time.perf_counter()
+        t_graph = 0.0
+        with store.transaction():
+            delete_document_rows(store, batch.replaced, removed)
+            now = datetime.now(timezone.utc).replace(tzinfo=None)
+            doc_ids = store.allocate_ids("document", len(batch.docs))
+            store.insert("documents", {
+                "id": doc_ids,
+                "key": [d.id for d in batch.docs],
+                "title": [d.title for d in batch.docs],
+                "content_hash": batch.hashes,
+                "metadata": [json.dumps(d.metadata, sort_keys=True, ensure_ascii=False) for d in batch.docs],
+                "added_at": pa.array([now] * len(batch.docs), pa.timestamp("us")),
+            })
+            passage_ids = store.allocate_ids("passage", len(batch.chunks))
+            store.insert("passages", {
+                "id": passage_ids,
+                "doc_id": pa.array([int(doc_ids[i]) for i in batch.chunk_doc], pa.int64()),
+                "ordinal": pa.array([c.ordinal for c in batch.chunks], pa.int32()),
+                "title": [c.title for c in batch.chunks],
+                "text": [c.text for c in batch.chunks],
+                "start_char": pa.array([c.start for c in batch.chunks], pa.int32()),
+                "end_char": pa.array([c.end for c in batch.chunks], pa.int32()),
+                "text_hash": [text_hash(c.title, c.text) for c in batch.chunks],
+            })
+            store.write_vectors("passage", passage_ids, batch.passage_vectors)
+
+            new_entity_ids = store.allocate_ids("entity", len(batch.new_entities))
+            entity_ids = dict(batch.entity_ids)
+            entity_ids.update(zip(batch.new_entities, new_entity_ids.tolist(), strict=True))
+            store.insert("entities", {
+                "id": new_entity_ids,
+                "name": pa.array(batch.new_entities, pa.string()),
+                "label": pa.array([None] * len(batch.new_entities), pa.string()),
+                "surface_forms": pa.array([[] for _ in batch.new_entities], pa.list_(pa.string())),
+            })
+            store.write_vectors("entity", new_entity_ids, batch.new_entity_vectors)
+            store.insert("mentions", {
+                "passage_id": pa.array([int(passage_ids[ci]) for ci, _, _, _ in batch.mentions], pa.int64()),
+                "entity_id": pa.array([entity_ids[name] for _, name, _, _ in batch.mentions], pa.int64()),
+                "surface": pa.array([s for _, _, s, _ in batch.mentions], pa.string()),
+                "label": pa.array([lb for _, _, _, lb in batch.mentions], pa.string()),
+            })
+
+            new_fact_ids = store.allocate_ids("fact", len(batch.new_facts))
+            fact_ids = dict(batch.fact_ids)
+            fact_ids.update(zip([(s, r, o) for s, r, o, _ in batch.new_facts], new_fact_ids.tolist(), strict=True))
+            store.insert("facts", {
+                "id": new_fact_ids,
+                "subject_id": pa.array([entity_ids[s] for s, _, _, _ in batch.new_facts], pa.int64()),
+                "relation": pa.array([r for _, r, _, _ in batch.new_facts], pa.string()),
+                "object_id": pa.array([entity_ids[o] for _, _, o, _ in batch.new_facts], pa.int64()),
+                "kind": pa.array([k for _, _, _, k in batch.new_facts], pa.string()),
+            })
+            triple_mask = np.array([k == "triple" for *_, k in batch.new_facts], dtype=bool)
+            store.write_vectors("fact", new_fact_ids[triple_mask], batch.new_fact_vectors)
+            store.insert("fact_sources", {
+                "fact_id": pa.array([fact_ids[(s, r, o)] for _, s, r, o, _ in batch.facts], pa.int64()),
+                "passage_id": pa.array([int(passage_ids[ci]) for ci, *_ in batch.facts], pa.int64()),
+                "extractor": pa.array([extractor_name] * len(batch.facts), pa.string()),
+            })
+
+            t0 = time.perf_counter()
+            collect_orphans(store, removed)
+            touched = {entity_ids[name] for _, name, _, _ in batch.mentions}
+            refresh_entities(store, (removed.affected_entities | touched) - removed.entities)
+            add_mention_edges(store, passage_ids)
+            pairs = self._synonyms(new_entity_ids, batch.new_entity_vectors, removed.entities)
+            if pairs:
+                keys = sorted(pairs)
+                store.insert("edges", {
+                    "type": pa.array(["synonym"] * len(keys), pa.string()),
+                    "src": pa.array([a for a, _ in keys], pa.int64()),
+                    "dst": pa.array([b for _, b in keys], pa.int64()),
+                    "weight": pa.array([pairs[k] for k in keys], pa.float64()),
+                })
+            t_graph = time.perf_counter() - t0
+            store.bump_generation()
+        added = {
+            "passage": (passage_ids, batch.passage_vectors),
+            "entity": (new_entity_ids, batch.new_entity_vectors),
+            "fact": (new_fact_ids[triple_mask], batch.new_fact_vectors),
+        }
+        self.vectors.apply(removed, added=added)
+        report.entities_new += len(batch.new_entities)
+        report.facts_new += len(batch.new_facts)
+        report.synonym_edges_new += len(pairs)
+        report.seconds["graph"] = report.seconds.get("graph", 0.0) + t_graph
+        report.seconds["write"] = report.seconds.get("write", 0.0) + time.perf_counter() - t_write - t_graph
+
+    def _synonyms(self, new_ids: np.ndarray, new_vectors: np.ndarray, exclude: set[int]):
+        cfg = self.config.synonyms
+        if len(new_ids) == 0:
+            return {}
+        old_scores, old_ids = self.vectors.search("entity", new_vectors, cfg.max_neighbors + 1)
+        return synonym_pairs(new_ids, new_vectors, old_scores, old_ids, cfg, exclude)
+
+
+@contextmanager
+def _timed(report: IndexReport, stage: str):
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        report.seconds[stage] = report.seconds.get(stage, 0.0) + time.perf_counter() - t0

@@ -1,0 +1,1 @@
+"""Model backends (embedders, chat clients) behind small protocols."""

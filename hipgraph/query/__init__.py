@@ -1,0 +1,1 @@
+"""Everything that reads the graph: retrieval modes and graph statistics."""

@@ -1,0 +1,255 @@
+"""The DuckDB side of an index: connection, schema checks, meta, id counters, vector tables."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from hipgraph.errors import (
+    IndexLockedError,
+    IndexNotFoundError,
+    SchemaVersionError,
+    StoreError,
+)
+from hipgraph.store.schema import ID_KINDS, SCHEMA_VERSION, VECTOR_KINDS, ddl
+
+logger = logging.getLogger(__name__)
+
+DB_FILENAME = "graph.duckdb"
+
+
+def _lock_error(path: Path, exc: Exception) -> IndexLockedError:
+    text = str(exc)
+    pid = re.search(r"PID (\d+)", text)
+    holder = f" (PID {pid.group(1)})" if pid else ""
+    return IndexLockedError(
+        f"index {path} is open for writing by another process{holder}; "
+        "wait for it to finish or stop it, then retry"
+    )
+
+
+class GraphStore:
+    """Owns the DuckDB connection of one index folder.
+
+    Use :meth:`open`; writes happen inside :meth:`transaction`.
+    """
+
+    def __init__(self, root: Path, con: duckdb.DuckDBPyConnection, *, read_only: bool):
+        self.root = root
+        self.con = con
+        self.read_only = read_only
+        self._in_tx = False
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(
+        cls,
+        root: str | Path,
+        *,
+        create: bool = False,
+        read_only: bool = False,
+        dimension: int | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> GraphStore:
+        """Open (or with ``create=True`` and no database yet, create) the index at ``root``.
+
+        ``dimension`` and ``meta`` are needed only when creating. Raises
+        :class:`IndexNotFoundError`, :class:`IndexLockedError`, :class:`SchemaVersionError`.
+        """
+        root = Path(root)
+        db_path = root / DB_FILENAME
+        exists = db_path.exists()
+        if not exists and not create:
+            raise IndexNotFoundError(f"no index at {root} ({DB_FILENAME} not found); pass create=True")
+        if not exists and read_only:
+            raise IndexNotFoundError(f"no index at {root}; cannot create it read-only")
+        if root.exists() and not root.is_dir():
+            raise StoreError(f"{root} exists and is not a folder")
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            con = duckdb.connect(str(db_path), read_only=read_only)
+        except duckdb.IOException as exc:
+            if "lock" in str(exc).lower():
+                raise _lock_error(root, exc) from exc
+            raise StoreError(f"cannot open {db_path}: {exc}") from exc
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot open {db_path}: {exc}") from exc
+        store = cls(root, con, read_only=read_only)
+        try:
+            if not store._has_schema():
+                if read_only:
+                    raise StoreError(f"{db_path} holds no hipgraph schema")
+                if dimension is None:
+                    raise StoreError(f"{db_path} holds no hipgraph schema and no dimension was given")
+                store._create_schema(dimension, meta or {})
+            store._check_version()
+        except BaseException:
+            con.close()
+            raise
+        return store
+
+    def _has_schema(self) -> bool:
+        rows = self.con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'"
+        ).fetchall()
+        return bool(rows and rows[0][0])
+
+    def _create_schema(self, dimension: int, meta: dict[str, Any]) -> None:
+        with self.transaction():
+            for statement in ddl(dimension):
+                self.con.execute(statement)
+            values = {"schema_version": SCHEMA_VERSION, "dimension": int(dimension), **meta}
+            for kind in ID_KINDS:
+                values[f"next_id.{kind}"] = 0
+            values["generation"] = 0
+            for key, value in values.items():
+                self.meta_set(key, value)
+        logger.info("created index at %s (dimension %d)", self.root, dimension)
+
+    def _check_version(self) -> None:
+        version = self.meta_get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"index {self.root} has schema version {version}, this hipgraph reads version "
+                f"{SCHEMA_VERSION}; rebuild the index with this version (hipgraph index) "
+                "or use the hipgraph release that wrote it"
+            )
+
+    def close(self) -> None:
+        try:
+            self.con.close()
+        except duckdb.Error:  # closing twice is harmless
+            logger.debug("connection already closed", exc_info=True)
+
+    # ------------------------------------------------------------------ meta and transactions
+    def meta_get(self, key: str, default: Any = None) -> Any:
+        rows = self.con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchall()
+        return default if not rows else json.loads(rows[0][0])
+
+    def meta_all(self) -> dict[str, Any]:
+        return {k: json.loads(v) for k, v in self.con.execute("SELECT key, value FROM meta").fetchall()}
+
+    def meta_set(self, key: str, value: Any) -> None:
+        self._require_writable()
+        self.con.execute(
+            "INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, json.dumps(value, sort_keys=True)]
+        )
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One atomic write: everything inside commits together or not at all."""
+        self._require_writable()
+        if self._in_tx:
+            yield self.con
+            return
+        self.con.execute("BEGIN TRANSACTION")
+        self._in_tx = True
+        try:
+            yield self.con
+        except BaseException:
+            self._in_tx = False
+            self.con.execute("ROLLBACK")
+            raise
+        self._in_tx = False
+        self.con.execute("COMMIT")
+
+    def _require_writable(self) -> None:
+        if self.read_only:
+            raise StoreError(f"index {self.root} is open read-only")
+
+    def allocate_ids(self, kind: str, n: int) -> np.ndarray:
+        """Hand out ``n`` fresh ids of ``kind`` (inside a transaction)."""
+        if kind not in ID_KINDS:
+            raise ValueError(f"unknown id kind {kind!r}")
+        start = int(self.meta_get(f"next_id.{kind}", 0))
+        if n:
+            self.meta_set(f"next_id.{kind}", start + n)
+        return np.arange(start, start + n, dtype=np.int64)
+
+    def bump_generation(self) -> int:
+        generation = int(self.meta_get("generation", 0)) + 1
+        self.meta_set("generation", generation)
+        return generation
+
+    # ------------------------------------------------------------------ bulk helpers
+    def insert(self, table: str, data: pa.Table | dict[str, Any]) -> None:
+        """Append rows (an Arrow table or a dict of equal-length columns) to ``table``."""
+        if isinstance(data, dict):
+            data = pa.table(data)
+        if data.num_rows == 0:
+            return
+        self.con.register("_hipgraph_rows", data)
+        try:
+            columns = ", ".join(data.column_names)
+            self.con.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM _hipgraph_rows")
+        finally:
+            self.con.unregister("_hipgraph_rows")
+
+    @contextmanager
+    def temp_ids(self, name: str, ids: np.ndarray | list[int]) -> Iterator[str]:
+        """Expose ``ids`` as a one-column relation ``name(id)`` for joins."""
+        table = pa.table({"id": pa.array(np.asarray(ids, dtype=np.int64))})
+        self.con.register(name, table)
+        try:
+            yield name
+        finally:
+            self.con.unregister(name)
+
+    def write_vectors(self, kind: str, ids: np.ndarray, vectors: np.ndarray) -> None:
+        if kind not in VECTOR_KINDS:
+            raise ValueError(f"unknown vector kind {kind!r}")
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if len(ids) == 0:
+            return
+        dim = vectors.shape[1]
+        flat = pa.array(vectors.reshape(-1), type=pa.float32())
+        column = pa.FixedSizeListArray.from_arrays(flat, dim)
+        self.insert(f"{kind}_vectors", pa.table({"id": pa.array(np.asarray(ids, np.int64)), "vec": column}))
+
+    def read_vectors(self, kind: str, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """All vectors of ``kind`` (or those of ``ids``), ordered by id: ``(ids, float32 matrix)``."""
+        if kind not in VECTOR_KINDS:
+            raise ValueError(f"unknown vector kind {kind!r}")
+        dim = int(self.meta_get("dimension"))
+        if ids is None:
+            table = self.con.sql(f"SELECT id, vec FROM {kind}_vectors ORDER BY id").to_arrow_table()
+        else:
+            with self.temp_ids("_hipgraph_want", ids) as want:
+                table = self.con.sql(
+                    f"SELECT v.id, v.vec FROM {kind}_vectors v JOIN {want} w ON v.id = w.id ORDER BY v.id"
+                ).to_arrow_table()
+        out_ids = table.column("id").to_numpy().astype(np.int64, copy=False)
+        vec_col = table.column("vec").combine_chunks()
+        if len(out_ids) == 0:
+            return out_ids, np.zeros((0, dim), dtype=np.float32)
+        values = vec_col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        return out_ids, values.reshape(len(out_ids), dim)
+
+    def vector_ids(self, kind: str) -> np.ndarray:
+        rows = self.con.sql(f"SELECT id FROM {kind}_vectors ORDER BY id").to_arrow_table()
+        return rows.column("id").to_numpy().astype(np.int64, copy=False)
+
+    # ------------------------------------------------------------------ reading
+    def stats(self) -> dict[str, Any]:
+        def count(sql: str) -> int:
+            return int(self.con.execute(sql).fetchall()[0][0])
+
+        edges = {"fact": 0, "mention": 0, "synonym": 0}
+        for etype, n in self.con.execute("SELECT type, count(*) FROM edges GROUP BY type").fetchall():
+            edges[etype] = int(n)
+        return {
+            "documents": count("SELECT count(*) FROM documents"),
+            "passages": count("SELECT count(*) FROM passages"),
+            "entities": count("SELECT count(*) FROM entities"),
+            "facts": count("SELECT count(*) FROM facts"),
+            "edges": edges,
+        }

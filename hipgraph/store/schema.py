@@ -1,0 +1,50 @@
+"""The DuckDB schema of an index, and its version.
+
+Ids are dense integers handed out by per-kind counters kept in ``meta`` and never reused, so an id
+names one passage / entity / fact (and one vector) for the life of the index. Uniqueness is kept by
+the writer (DuckDB indexes make delete-then-reinsert inside one transaction fragile).
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+ID_KINDS = ("document", "passage", "entity", "fact")
+VECTOR_KINDS = ("passage", "entity", "fact")
+
+
+def ddl(dimension: int) -> list[str]:
+    """CREATE statements for a new index whose vectors have ``dimension`` floats."""
+    d = int(dimension)
+    return [
+        "CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)",
+        """CREATE TABLE documents (
+            id BIGINT NOT NULL, key VARCHAR NOT NULL, title VARCHAR NOT NULL,
+            content_hash VARCHAR NOT NULL, metadata JSON, added_at TIMESTAMP NOT NULL)""",
+        """CREATE TABLE passages (
+            id BIGINT NOT NULL, doc_id BIGINT NOT NULL, ordinal INTEGER NOT NULL,
+            title VARCHAR NOT NULL, text VARCHAR NOT NULL,
+            start_char INTEGER NOT NULL, end_char INTEGER NOT NULL, text_hash VARCHAR NOT NULL)""",
+        """CREATE TABLE entities (
+            id BIGINT NOT NULL, name VARCHAR NOT NULL, label VARCHAR,
+            surface_forms VARCHAR[] NOT NULL)""",
+        # one row per (passage, entity, surface form): provenance of mention edges and surface forms
+        """CREATE TABLE mentions (
+            passage_id BIGINT NOT NULL, entity_id BIGINT NOT NULL, surface VARCHAR NOT NULL,
+            label VARCHAR)""",
+        # kind: 'triple' (embedded, retrievable) or 'cooccurrence' (graph link only)
+        """CREATE TABLE facts (
+            id BIGINT NOT NULL, subject_id BIGINT NOT NULL, relation VARCHAR NOT NULL,
+            object_id BIGINT NOT NULL, kind VARCHAR NOT NULL)""",
+        """CREATE TABLE fact_sources (
+            fact_id BIGINT NOT NULL, passage_id BIGINT NOT NULL, extractor VARCHAR NOT NULL)""",
+        # undirected edges are stored once with src < dst (fact, synonym); mention: passage -> entity
+        """CREATE TABLE edges (
+            type VARCHAR NOT NULL, src BIGINT NOT NULL, dst BIGINT NOT NULL, weight DOUBLE NOT NULL)""",
+        f"CREATE TABLE passage_vectors (id BIGINT NOT NULL, vec FLOAT[{d}] NOT NULL)",
+        f"CREATE TABLE entity_vectors (id BIGINT NOT NULL, vec FLOAT[{d}] NOT NULL)",
+        f"CREATE TABLE fact_vectors (id BIGINT NOT NULL, vec FLOAT[{d}] NOT NULL)",
+        """CREATE TABLE llm_cache (
+            model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, passage_hash VARCHAR NOT NULL,
+            step VARCHAR NOT NULL, response VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL)""",
+    ]

@@ -1,0 +1,100 @@
+"""The three FAISS indexes of an index folder (passages, entities, facts), kept in step with DuckDB.
+
+On open each file is checked against DuckDB's vector ids (count and exact id set); a missing,
+unreadable or stale file is rebuilt from DuckDB and rewritten. Updates after a commit are applied
+in memory and saved atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hipgraph.config import VectorIndexConfig
+from hipgraph.errors import StoreError
+from hipgraph.store.database import GraphStore
+from hipgraph.store.schema import VECTOR_KINDS
+from hipgraph.store.vectors import FaissVectorIndex
+
+logger = logging.getLogger(__name__)
+
+
+def faiss_path(root: Path, kind: str) -> Path:
+    return root / f"{kind}.faiss"
+
+
+class VectorSet:
+    """Per-kind :class:`FaissVectorIndex` objects whose ids are the DuckDB ids."""
+
+    def __init__(self, store: GraphStore, config: VectorIndexConfig):
+        self.store = store
+        self.config = config
+        self.dimension = int(store.meta_get("dimension"))
+        self.indexes: dict[str, FaissVectorIndex] = {}
+        self.repaired: list[str] = []  # kinds rebuilt on open, with the reason
+
+    def open(self) -> VectorSet:
+        for kind in VECTOR_KINDS:
+            self.indexes[kind] = self._load_or_rebuild(kind)
+        return self
+
+    def _load_or_rebuild(self, kind: str) -> FaissVectorIndex:
+        path = faiss_path(self.store.root, kind)
+        db_ids = self.store.vector_ids(kind)
+        reason = None
+        if not path.exists():
+            reason = "missing"
+        else:
+            try:
+                index = FaissVectorIndex.load(path, self.dimension, self.config)
+            except StoreError as exc:
+                reason = f"unreadable ({exc})"
+            else:
+                if index.ntotal != len(db_ids):
+                    reason = f"stale ({index.ntotal} vectors in FAISS, {len(db_ids)} in DuckDB)"
+                elif not np.array_equal(index.ids(), db_ids):
+                    reason = "stale (id sets differ)"
+                else:
+                    return index
+        if len(db_ids) == 0 and reason == "missing":
+            index = FaissVectorIndex(self.dimension, self.config)
+        else:
+            logger.warning("%s FAISS index %s is %s; rebuilding from DuckDB", kind, path, reason)
+            index = self._rebuild(kind)
+            self.repaired.append(f"{kind}: {reason}")
+        if not self.store.read_only:
+            index.save(path)
+        return index
+
+    def _rebuild(self, kind: str) -> FaissVectorIndex:
+        ids, vectors = self.store.read_vectors(kind)
+        index = FaissVectorIndex(self.dimension, self.config)
+        index.build(ids, vectors)
+        return index
+
+    def search(self, kind: str, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.indexes[kind].search(queries, k)
+
+    def apply(self, removed: Any, added: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Apply a committed batch: remove ids, add new vectors, save changed files."""
+        removals = {"passage": removed.passages, "entity": removed.entities, "fact": removed.facts}
+        for kind in VECTOR_KINDS:
+            index = self.indexes[kind]
+            gone = np.fromiter(sorted(removals[kind]), dtype=np.int64)
+            ids, vectors = added.get(kind, (np.zeros(0, np.int64), None))
+            if len(gone) == 0 and len(ids) == 0:
+                continue
+            if len(gone) and not index.supports_remove:
+                index = self._rebuild(kind)
+                self.indexes[kind] = index
+            else:
+                index.remove(gone)
+                index.add(ids, vectors)
+            if (self.config.kind == "ivf" and not hasattr(index._inner, "nprobe")
+                    and index.ntotal >= self.config.min_train_size):
+                index = self._rebuild(kind)  # large enough now: train the IVF layout
+                self.indexes[kind] = index
+            index.save(faiss_path(self.store.root, kind))

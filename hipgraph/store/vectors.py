@@ -1,0 +1,174 @@
+"""FAISS vector indexes whose ids are the DuckDB ids, saved atomically beside the database.
+
+DuckDB's ``*_vectors`` tables are the source of truth: a FAISS file that is missing, unreadable or
+holds another id set than DuckDB (stale after a crash between commit and save) is rebuilt from them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from hipgraph.config import VectorIndexConfig
+from hipgraph.errors import BackendUnavailableError, StoreError
+
+logger = logging.getLogger(__name__)
+
+
+def _faiss():
+    try:
+        import faiss  # noqa: PLC0415 - optional dependency, imported on first use
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "FAISS is not installed: pip install 'hipgraph[cpu]' (faiss-cpu) "
+            "or 'hipgraph[gpu]' (faiss-gpu-cu12), never both"
+        ) from exc
+    return faiss
+
+
+def gpu_count() -> int:
+    """Number of GPUs FAISS sees (0 on faiss-cpu builds)."""
+    faiss = _faiss()
+    get = getattr(faiss, "get_num_gpus", None)
+    return int(get()) if get is not None else 0
+
+
+class FaissVectorIndex:
+    """Inner-product search over unit vectors (= cosine) keyed by int64 ids.
+
+    ``flat`` is exact; ``ivf`` and ``hnsw`` trade exactness for speed on large indexes. The CPU
+    index is the one saved; a GPU copy serves searches when FAISS sees a GPU.
+    """
+
+    def __init__(self, dimension: int, config: VectorIndexConfig | None = None):
+        self.dimension = int(dimension)
+        self.config = config or VectorIndexConfig()
+        self._faiss = _faiss()
+        self._index = self._new_index(0)
+        self._gpu_index = None
+
+    # ------------------------------------------------------------------ construction
+    def _new_index(self, expected: int):
+        faiss = self._faiss
+        d = self.dimension
+        kind = self.config.kind
+        if kind == "hnsw":
+            inner = faiss.IndexHNSWFlat(d, self.config.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            inner.hnsw.efSearch = self.config.hnsw_ef_search
+        elif kind == "ivf" and expected >= self.config.min_train_size:
+            nlist = max(1, min(self.config.ivf_nlist, expected // 39))
+            quantizer = faiss.IndexFlatIP(d)
+            inner = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+            inner.nprobe = self.config.ivf_nprobe
+            self._quantizer = quantizer  # keep the Python object alive with the index
+        else:
+            inner = faiss.IndexFlatIP(d)
+        index = faiss.IndexIDMap2(inner)
+        self._inner = inner
+        return index
+
+    @property
+    def supports_remove(self) -> bool:
+        return self.config.kind == "flat" or isinstance(self._inner, self._faiss.IndexFlat)
+
+    def build(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+        """Replace the contents with ``vectors`` under ``ids``."""
+        self._index = self._new_index(len(ids))
+        if not self._index.is_trained and len(ids):
+            self._index.train(np.ascontiguousarray(vectors, dtype=np.float32))
+        self.add(ids, vectors)
+
+    def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+        if len(ids) == 0:
+            return
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if vectors.shape != (len(ids), self.dimension):
+            raise StoreError(f"vector shape {vectors.shape} does not match {len(ids)} x {self.dimension}")
+        self._index.add_with_ids(vectors, np.ascontiguousarray(ids, dtype=np.int64))
+        self._gpu_index = None
+
+    def remove(self, ids: np.ndarray) -> None:
+        """Remove ``ids``; callers rebuild instead when :attr:`supports_remove` is false."""
+        if len(ids) == 0:
+            return
+        if not self.supports_remove:
+            raise StoreError(f"{self.config.kind} index does not support removal; rebuild it")
+        self._index.remove_ids(np.ascontiguousarray(ids, dtype=np.int64))
+        self._gpu_index = None
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def ntotal(self) -> int:
+        return int(self._index.ntotal)
+
+    def ids(self) -> np.ndarray:
+        """The ids held, sorted."""
+        return np.sort(self._faiss.vector_to_array(self._index.id_map).astype(np.int64))
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` ``(scores, ids)`` per query row; missing slots have id -1 and score -inf."""
+        queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+        if self.ntotal == 0 or k <= 0:
+            n = queries.shape[0]
+            return np.full((n, max(k, 0)), -np.inf, np.float32), np.full((n, max(k, 0)), -1, np.int64)
+        index = self._search_index()
+        scores, ids = index.search(queries, min(k, self.ntotal))
+        scores = np.where(ids < 0, -np.inf, scores).astype(np.float32)
+        if ids.shape[1] < k:  # pad to k columns
+            pad = k - ids.shape[1]
+            scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
+            ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=-1)
+        return scores, ids.astype(np.int64)
+
+    def _search_index(self):
+        if self.config.use_gpu == "never" or self.config.kind == "hnsw":
+            return self._index
+        if self._gpu_index is None and gpu_count() > 0:
+            try:
+                self._gpu_index = self._faiss.index_cpu_to_all_gpus(self._index)
+            except RuntimeError:
+                logger.warning("FAISS could not move the index to GPU; searching on CPU", exc_info=True)
+                self._gpu_index = self._index
+        return self._gpu_index if self._gpu_index is not None else self._index
+
+    @property
+    def on_gpu(self) -> bool:
+        return self._gpu_index is not None and self._gpu_index is not self._index
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str | Path) -> None:
+        """Write atomically: a temporary file in the same folder, fsync, then rename."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        self._faiss.write_index(self._index, str(tmp))
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    @classmethod
+    def load(cls, path: str | Path, dimension: int, config: VectorIndexConfig | None = None) -> FaissVectorIndex:
+        """Read a saved index; raises :class:`StoreError` when unreadable or of another shape."""
+        obj = cls(dimension, config)
+        try:
+            index = obj._faiss.read_index(str(path))
+        except RuntimeError as exc:
+            raise StoreError(f"cannot read FAISS file {path}: {exc}") from exc
+        if index.d != obj.dimension:
+            raise StoreError(f"FAISS file {path} has dimension {index.d}, expected {obj.dimension}")
+        if not isinstance(index, obj._faiss.IndexIDMap2):
+            index = obj._faiss.downcast_index(index)
+        if not hasattr(index, "id_map"):
+            raise StoreError(f"FAISS file {path} is not an id-mapped index")
+        obj._index = index
+        obj._inner = obj._faiss.downcast_index(index.index)
+        if hasattr(obj._inner, "nprobe"):
+            obj._inner.nprobe = obj.config.ivf_nprobe
+        return obj

@@ -1,0 +1,117 @@
+"""Typed records that cross module boundaries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Document:
+    """One input document: ``id`` is the user's stable key, ``text`` its content."""
+
+    id: str
+    text: str
+    title: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A passage cut from a document, with character offsets into ``Document.text``."""
+
+    doc_id: str
+    ordinal: int
+    text: str
+    start: int
+    end: int
+    title: str = ""
+
+
+@dataclass(frozen=True)
+class Triple:
+    """A raw (subject, relation, object) as an extractor produced it (surface forms)."""
+
+    subject: str
+    relation: str
+    object: str
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """What an extractor found in one passage: entity surface forms and triples.
+
+    ``entity_labels`` maps a surface form to its type label (e.g. spaCy's NER label) when known.
+    """
+
+    entities: tuple[str, ...]
+    triples: tuple[Triple, ...]
+    entity_labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A stored fact: entity ids and names, relation, and the passages that state it."""
+
+    id: int
+    subject_id: int
+    subject: str
+    relation: str
+    object_id: int
+    object: str
+    passage_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class IndexReport:
+    """What one ``add_documents`` / ``delete_documents`` call did."""
+
+    added: int = 0
+    replaced: int = 0
+    unchanged: int = 0
+    deleted: int = 0
+    skipped: int = 0
+    passages: int = 0
+    entities_new: int = 0
+    facts_new: int = 0
+    synonym_edges_new: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def merge(self, other: IndexReport) -> None:
+        """Add ``other``'s counts and timings into this report."""
+        for name in (
+            "added", "replaced", "unchanged", "deleted", "skipped", "passages",
+            "entities_new", "facts_new", "synonym_edges_new",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for stage, secs in other.seconds.items():
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + secs
+        self.warnings.extend(other.warnings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "added": self.added, "replaced": self.replaced, "unchanged": self.unchanged,
+            "deleted": self.deleted, "skipped": self.skipped, "passages": self.passages,
+            "entities_new": self.entities_new, "facts_new": self.facts_new,
+            "synonym_edges_new": self.synonym_edges_new,
+            "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved passage: where it comes from, its score and rank, and why it was chosen."""
+
+    doc_id: str
+    passage_id: int
+    title: str
+    text: str
+    score: float
+    rank: int
+    why: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"doc_id": self.doc_id, "passage_id": self.passage_id, "title": self.title,
+                "text": self.text, "score": self.score, "rank": self.rank, "why": self.why}

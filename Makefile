@@ -1,0 +1,45 @@
+# The two commands of the README: `make demo` and `make test`. Both create .venv if needed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.hipgraph-installed
+DEV_STAMP := $(VENV)/.hipgraph-dev-installed
+DEMO_DB ?= indexes/sample
+QUESTION ?= Who was the first president of the association which published Journal of Psychotherapy Integration?
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test install install-dev lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# torch first: the CPU build of 2.13.0 (a bare `torch` requirement would pull a CUDA build)
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[cpu]"
+	touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e ".[cpu,dev]"
+	touch $(DEV_STAMP)
+
+install: $(STAMP)
+install-dev: $(DEV_STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/hipgraph index --db $(DEMO_DB) data/musique_sample.json
+	$(VENV)/bin/hipgraph query --db $(DEMO_DB) "$(QUESTION)" -k 5
+
+test: $(DEV_STAMP)
+	$(VENV)/bin/ruff check hipgraph tests benchmarks
+	$(PY) -m pytest -q
+
+bench: $(DEV_STAMP)
+	$(PY) benchmarks/index_throughput.py
+
+clean:
+	rm -rf indexes .pytest_cache .ruff_cache

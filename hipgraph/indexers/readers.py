@@ -61,10 +61,8 @@ def _decode(path: Path) -> str:
 def _record(obj: Any, fields: FieldMap, where: str, *, bundle: bool = False) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise InputError(f"{where}: expected an object, got {type(obj).__name__}")
-    if bundle:  # {"idx", "title", "text"} corpus entries of the shared bundles
-        raw_id = obj.get("idx", obj.get(fields.id))
-    else:
-        raw_id = obj.get(fields.id)
+    # bundles' corpus entries are {"idx", "title", "text"}
+    raw_id = obj.get("idx", obj.get(fields.id)) if bundle else obj.get(fields.id)
     if raw_id is None:
         raise InputError(f"{where}: missing field {fields.id!r}")
     record = {"id": raw_id, "text": obj.get(fields.text), "title": obj.get(fields.title) or "",

@@ -9,7 +9,7 @@ from typing import Any
 
 from hipgraph import registry
 from hipgraph.config import ExtractorConfig, IndexConfig
-from hipgraph.errors import ConfigError
+from hipgraph.errors import ConfigError, StoreError
 from hipgraph.indexers.extract_base import Extractor
 from hipgraph.indexers.pipeline import Indexer, Progress
 from hipgraph.models.base import Embedder
@@ -50,14 +50,15 @@ class HipGraph:
                  extractor: ExtractorConfig | None, embedder: Embedder | None):
         self.path = path
         self.store: GraphStore | None = None
-        db_exists = (path / "graph.duckdb").exists()
+        db_exists = GraphStore.has_index(path)
         if db_exists:
             self.store = GraphStore.open(path, read_only=read_only)
             saved = IndexConfig.from_dict(self.store.meta_get("config"))
+            built = self.store.meta_get("embedder")
             if config is not None and config.embedder != saved.embedder:
                 self.store.close()
                 raise ConfigError(
-                    f"index {path} was built with embedder {self.store.meta_get('embedder')!r} "
+                    f"index {path} was built with embedder {built!r} "
                     f"({saved.embedder}); a different embedder config cannot be used with it")
             self.config = saved if config is None else config
         else:
@@ -74,10 +75,9 @@ class HipGraph:
             }
             self.store = GraphStore.open(path, create=create, read_only=read_only,
                                          dimension=emb.dimension, meta=meta)
-        elif embedder is not None and embedder.name != self.store.meta_get("embedder"):
+        elif embedder is not None and embedder.name != built:
             self.store.close()
-            raise ConfigError(f"index {path} was built with embedder {self.store.meta_get('embedder')!r}, "
-                              f"not {embedder.name!r}")
+            raise ConfigError(f"index {path} was built with embedder {built!r}, not {embedder.name!r}")
         try:
             self.vectors = VectorSet(self.store, self.config.vectors).open()
         except BaseException:
@@ -117,6 +117,8 @@ class HipGraph:
         Idempotent per id: the same content is a no-op, changed content replaces the old version.
         Each batch of ``batch_size`` documents commits atomically.
         """
+        if self.store.read_only:
+            raise StoreError(f"index {self.path} is open read-only")
         report = self.indexer.add_documents(documents, progress=progress, batch_size=batch_size)
         if report.added or report.replaced:
             self.store.meta_set("extractor", self.indexer.extractor.name)
@@ -124,6 +126,8 @@ class HipGraph:
 
     def delete_documents(self, ids: Sequence[str]) -> IndexReport:
         """Delete documents with their passages, facts, orphaned entities, edges and vectors."""
+        if isinstance(ids, str):
+            raise ConfigError("delete_documents takes a list of ids, not one string")
         return self.indexer.delete_documents(list(ids))
 
     # ------------------------------------------------------------------ reading

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -144,14 +145,20 @@ def _new_index_config(args: argparse.Namespace):
 
 def cmd_index(args: argparse.Namespace) -> int:
     import hipgraph  # noqa: PLC0415
+    from hipgraph.indexers.documents import SkippedRecord, to_document  # noqa: PLC0415
     from hipgraph.indexers.readers import FieldMap, read_inputs  # noqa: PLC0415
 
     fields = FieldMap(id=args.id_field, text=args.text_field, title=args.title_field)
-    records = list(read_inputs(args.inputs, fields))  # validates every file before writing
+    records = list(read_inputs(args.inputs, fields))  # parses every file before writing
     if args.limit is not None:
         records = records[: args.limit]
+    for record in records:  # and checks every record's fields, so bad input writes nothing
+        with contextlib.suppress(SkippedRecord):  # counted and reported by add_documents
+            to_document(record, where=record["_where"])
     extractor = _extractor_config(args, None)
-    exists = (args.db / "graph.duckdb").exists()
+    from hipgraph.store.database import GraphStore  # noqa: PLC0415
+
+    exists = GraphStore.has_index(args.db)
     config = None if exists else _new_index_config(args)
     t0 = time.perf_counter()
     with hipgraph.open(args.db, create=True, config=config, extractor=extractor) as hg:

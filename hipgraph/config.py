@@ -130,11 +130,14 @@ class ExtractorConfig:
 class SynonymConfig:
     """Synonym edges between entities whose name embeddings have cosine >= ``threshold``.
 
-    Computed by FAISS kNN for new entities only; ``max_neighbors`` bounds each entity's list.
+    An entity similar to more than ``max_neighbors`` others (years, generic nouns) gets no
+    synonym edges: its name is too unspecific to merge on. The rule depends only on the set of
+    entities, so incremental updates (FAISS range search for new and removed entities only)
+    give exactly the edges of a from-scratch build.
     """
 
     threshold: float = 0.8
-    max_neighbors: int = 20
+    max_neighbors: int = 32
 
     def __post_init__(self) -> None:
         _check(0.0 < self.threshold <= 1.0, f"synonyms.threshold must be in (0, 1], got {self.threshold}")

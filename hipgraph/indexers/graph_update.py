@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
 from hipgraph.config import SynonymConfig
 from hipgraph.store.database import GraphStore
+from hipgraph.store.vectors import FaissVectorIndex
 
 
 @dataclass
@@ -22,6 +24,8 @@ class Removed:
     entities: set[int] = field(default_factory=set)
     facts: set[int] = field(default_factory=set)
     affected_entities: set[int] = field(default_factory=set)
+    entity_vector_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    entity_vectors: np.ndarray | None = None
     candidate_facts: set[int] = field(default_factory=set)
 
 
@@ -74,6 +78,10 @@ def collect_orphans(store: GraphStore, removed: Removed) -> None:
                 SELECT id FROM _aff WHERE id NOT IN (SELECT entity_id FROM mentions)
                 AND id IN (SELECT id FROM entities)""")
             if orphans:
+                ids, vecs = store.read_vectors("entity", np.asarray(sorted(orphans), dtype=np.int64))
+                removed.entity_vector_ids = np.concatenate([removed.entity_vector_ids, ids])
+                removed.entity_vectors = vecs if removed.entity_vectors is None else np.vstack(
+                    [removed.entity_vectors, vecs])
                 with store.temp_ids("_orphan_entities", sorted(orphans)):
                     con.execute("DELETE FROM entity_vectors WHERE id IN (SELECT id FROM _orphan_entities)")
                     con.execute("DELETE FROM entities WHERE id IN (SELECT id FROM _orphan_entities)")
@@ -123,45 +131,111 @@ def add_mention_edges(store: GraphStore, passage_ids: np.ndarray) -> None:
             WHERE passage_id IN (SELECT id FROM _new_passages)""")
 
 
-def synonym_pairs(
+def update_synonyms(
+    store: GraphStore,
+    entity_index: FaissVectorIndex,
     new_ids: np.ndarray,
     new_vectors: np.ndarray,
-    old_scores: np.ndarray,
-    old_ids: np.ndarray,
+    removed_ids: np.ndarray,
+    removed_vectors: np.ndarray,
     config: SynonymConfig,
-    exclude: set[int],
-) -> dict[tuple[int, int], float]:
-    """Synonym edges of new entities: their kNN among old entities (FAISS results given) and
-    among each other, cosine >= threshold, at most ``max_neighbors`` per new entity.
+) -> int:
+    """Keep synonym edges equal to their definition after a batch; returns edges added.
 
-    Pure function over arrays; returns ``{(low_id, high_id): cosine}``.
+    Definition (depends only on the set of entities, so any sequence of adds and deletes gives
+    the edges of a from-scratch build): ``a``–``b`` is a synonym edge when their name embeddings
+    have cosine >= ``threshold`` and neither has more than ``max_neighbors`` such neighbours
+    (``entities.synonym_degree``); names similar to very many others (years, generic nouns) are
+    too unspecific to link. ``entity_index`` is the FAISS index as of before the batch (holding
+    the removed entities, not the new ones). Only new and removed entities are searched, plus the
+    few whose degree crosses ``max_neighbors``: never a quadratic recomputation.
     """
-    k = config.max_neighbors
+    thr, cap = config.threshold, config.max_neighbors
+    con = store.con
+    removed_set = {int(r) for r in removed_ids}
+    delta: dict[int, int] = {}
+    for ids, _ in entity_index.range_search(removed_vectors, thr):
+        for b in ids.tolist():
+            if b not in removed_set:
+                delta[b] = delta.get(b, 0) - 1
+    # candidate pairs that involve a new entity
     pairs: dict[tuple[int, int], float] = {}
-    n = len(new_ids)
-    if n == 0:
-        return pairs
-    block = 2048
-    for lo in range(0, n, block):
-        hi = min(n, lo + block)
-        sims = new_vectors[lo:hi] @ new_vectors.T  # (b, n)
-        for row in range(hi - lo):
-            i = lo + row
-            sims[row, i] = -np.inf
-            cand_scores = np.concatenate([old_scores[i], sims[row]])
-            cand_ids = np.concatenate([old_ids[i], new_ids])
-            keep = (cand_ids >= 0) & (cand_scores >= config.threshold)
-            cand_scores, cand_ids = cand_scores[keep], cand_ids[keep]
-            if exclude and len(cand_ids):
-                mask = np.fromiter((int(c) not in exclude for c in cand_ids), bool, len(cand_ids))
-                cand_scores, cand_ids = cand_scores[mask], cand_ids[mask]
-            if len(cand_ids) > k:
-                order = np.lexsort((cand_ids, -cand_scores))[:k]
-                cand_scores, cand_ids = cand_scores[order], cand_ids[order]
-            me = int(new_ids[i])
-            for other, score in zip(cand_ids.tolist(), cand_scores.tolist(), strict=True):
-                if other == me:
-                    continue
-                key = (min(me, other), max(me, other))
-                pairs[key] = max(pairs.get(key, -1.0), float(score))
-    return pairs
+    new_list = [int(n) for n in new_ids]
+    new_degree = dict.fromkeys(new_list, 0)
+    for n, (ids, scores) in zip(new_list, entity_index.range_search(new_vectors, thr), strict=True):
+        for b, score in zip(ids.tolist(), scores.tolist(), strict=True):
+            if b in removed_set:
+                continue
+            delta[b] = delta.get(b, 0) + 1
+            new_degree[n] += 1
+            pairs[(min(n, b), max(n, b))] = float(score)
+    for lo in range(0, len(new_list), 2048):
+        sims = new_vectors[lo:lo + 2048] @ new_vectors.T
+        rows, cols = np.nonzero(sims >= thr)
+        for r, c in zip(rows.tolist(), cols.tolist(), strict=True):
+            i = lo + r
+            if i == c:
+                continue
+            new_degree[new_list[i]] += 1
+            a, b = new_list[i], new_list[c]
+            if a < b:
+                pairs[(a, b)] = float(sims[r, c])
+    # degrees of old entities before and after
+    old_degree = _degrees(store, delta.keys())
+    final = {b: old_degree[b] + d for b, d in delta.items() if b in old_degree}
+    final.update(new_degree)
+    if final:
+        ids = sorted(final)
+        con.register("_degrees", pa.table({"id": pa.array(ids, pa.int64()),
+                                          "deg": pa.array([final[i] for i in ids], pa.int32())}))
+        try:
+            con.execute("UPDATE entities SET synonym_degree = d.deg FROM _degrees d WHERE entities.id = d.id")
+        finally:
+            store.unregister("_degrees")
+    crossed_up = [b for b in delta if b in old_degree and old_degree[b] <= cap < final[b]]
+    crossed_down = [b for b in delta if b in old_degree and old_degree[b] > cap >= final[b]]
+    if crossed_up:
+        with store.temp_ids("_hubs", crossed_up):
+            con.execute("""DELETE FROM edges WHERE type = 'synonym'
+                AND (src IN (SELECT id FROM _hubs) OR dst IN (SELECT id FROM _hubs))""")
+    if crossed_down:  # linkable again: find all their neighbours in the new state
+        down_ids, down_vectors = store.read_vectors("entity", np.asarray(sorted(crossed_down)))
+        found = entity_index.range_search(down_vectors, thr)
+        for b, (ids, scores) in zip(down_ids.tolist(), found, strict=True):
+            for c, score in zip(ids.tolist(), scores.tolist(), strict=True):
+                if c != b and c not in removed_set:
+                    pairs[(min(b, c), max(b, c))] = float(score)
+            if len(new_list):
+                sims = new_vectors @ down_vectors[down_ids.tolist().index(b)]
+                for j in np.nonzero(sims >= thr)[0].tolist():
+                    n = new_list[j]
+                    pairs[(min(b, n), max(b, n))] = float(sims[j])
+    # keep pairs whose ends are both linkable; skip edges that already exist
+    degree = dict(final)
+    degree.update(_degrees(store, {x for pair in pairs for x in pair} - set(degree)))
+    keep = sorted(p for p in pairs if degree.get(p[0], cap + 1) <= cap and degree.get(p[1], cap + 1) <= cap)
+    if crossed_down and keep:
+        existing = set()
+        with store.temp_ids("_down", crossed_down):
+            for a, b in con.execute("""SELECT src, dst FROM edges WHERE type = 'synonym'
+                    AND (src IN (SELECT id FROM _down) OR dst IN (SELECT id FROM _down))""").fetchall():
+                existing.add((int(a), int(b)))
+        keep = [p for p in keep if p not in existing]
+    if keep:
+        store.insert("edges", {
+            "type": pa.array(["synonym"] * len(keep), pa.string()),
+            "src": pa.array([a for a, _ in keep], pa.int64()),
+            "dst": pa.array([b for _, b in keep], pa.int64()),
+            "weight": pa.array([round(pairs[p], 6) for p in keep], pa.float64()),
+        })
+    return len(keep)
+
+
+def _degrees(store: GraphStore, ids) -> dict[int, int]:
+    ids = sorted(int(i) for i in ids)
+    if not ids:
+        return {}
+    with store.temp_ids("_deg_ids", ids):
+        rows = store.con.execute(
+            "SELECT id, synonym_degree FROM entities WHERE id IN (SELECT id FROM _deg_ids)").fetchall()
+    return {int(i): int(d) for i, d in rows}

@@ -10,6 +10,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -30,7 +31,7 @@ from hipgraph.indexers.graph_update import (
     collect_orphans,
     delete_document_rows,
     refresh_entities,
-    synonym_pairs,
+    update_synonyms,
 )
 from hipgraph.indexers.normalize import clean_surface, normalize_entity, normalize_relation
 from hipgraph.models.base import Embedder
@@ -57,7 +58,7 @@ class _Batch:
 
     docs: list[Document] = field(default_factory=list)
     hashes: list[str] = field(default_factory=list)
-    replaced: list[int] = field(default_factory=list)  # db ids of documents being replaced
+    report: IndexReport = field(default_factory=IndexReport)
     chunks: list[Chunk] = field(default_factory=list)
     chunk_doc: list[int] = field(default_factory=list)  # index into docs
     passage_vectors: np.ndarray | None = None
@@ -103,10 +104,31 @@ class Indexer:
         progress: Progress | None = None,
         batch_size: int | None = None,
     ) -> IndexReport:
-        """Add or replace documents in batches; each batch is one transaction."""
+        """Add or replace documents in batches; each batch is one transaction.
+
+        Extraction of the next batch runs in a worker thread while the current batch is embedded
+        and written (spaCy and torch then share the cores); writes stay on the calling thread.
+        """
         size = batch_size or self.config.batch_size
         report = IndexReport()
+        pending_hashes: dict[str, str] = {}
+        in_flight: tuple[_Batch, Future | None, int] | None = None
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hipgraph-extract") as pool:
+            for docs, seen in self._batches(records, size, report, progress):
+                batch = self._plan(docs, pending_hashes)
+                future = pool.submit(self._extract, batch) if batch.docs else None
+                if in_flight is not None:
+                    self._finish(*in_flight, report, progress)
+                pending_hashes = {d.id: h for d, h in zip(batch.docs, batch.hashes, strict=True)}
+                in_flight = (batch, future, seen)
+            if in_flight is not None:
+                self._finish(*in_flight, report, progress)
+        return report
+
+    def _batches(self, records, size: int, report: IndexReport, progress: Progress | None):
+        """Validated documents in batches of ``size`` (a repeated id: the later record wins)."""
         batch: dict[str, Document] = {}
+        seen = 0
         for n, record in enumerate(records):
             where = record.get("_where", f"record {n}") if isinstance(record, Mapping) else f"record {n}"
             try:
@@ -118,21 +140,15 @@ class Indexer:
                 if progress:
                     progress(1)
                 continue
+            seen += 1
             if doc.id in batch:
                 report.warnings.append(f"{where}: document {doc.id!r} repeated in one batch; the later one wins")
-                if progress:
-                    progress(1)
             batch[doc.id] = doc
             if len(batch) >= size:
-                report.merge(self._add_batch(list(batch.values())))
-                if progress:
-                    progress(len(batch))
-                batch = {}
+                yield list(batch.values()), seen
+                batch, seen = {}, 0
         if batch:
-            report.merge(self._add_batch(list(batch.values())))
-            if progress:
-                progress(len(batch))
-        return report
+            yield list(batch.values()), seen
 
     def delete_documents(self, keys: Sequence[str]) -> IndexReport:
         """Delete documents by id; unknown ids are counted as warnings, not errors."""
@@ -150,6 +166,7 @@ class Indexer:
             delete_document_rows(self.store, [found[k][0] for k in found], removed)
             collect_orphans(self.store, removed)
             refresh_entities(self.store, removed.affected_entities - removed.entities)
+            self._synonyms(np.zeros(0, np.int64), None, removed)
             self.store.bump_generation()
         report.deleted = len(found)
         report.seconds["graph"] = time.perf_counter() - t0
@@ -167,53 +184,58 @@ class Indexer:
                 "SELECT d.key, d.id, d.content_hash FROM documents d JOIN _keys k ON d.key = k.key"
             ).fetchall()
         finally:
-            self.store.con.unregister("_keys")
+            self.store.unregister("_keys")
         return {key: (int(doc_id), h) for key, doc_id, h in rows}
 
-    def _add_batch(self, docs: list[Document]) -> IndexReport:
-        report = IndexReport()
+    def _plan(self, docs: list[Document], pending: dict[str, str]) -> _Batch:
+        """Drop unchanged documents (already stored, or in the batch being written) and chunk."""
         existing = self._existing([d.id for d in docs])
         batch = _Batch()
         for doc in docs:
             h = content_hash(doc)
             old = existing.get(doc.id)
-            if old is not None and old[1] == h:
-                report.unchanged += 1
+            if (old is not None and old[1] == h) or pending.get(doc.id) == h:
+                batch.report.unchanged += 1
                 continue
-            if old is not None:
-                batch.replaced.append(old[0])
-                report.replaced += 1
-            else:
-                report.added += 1
             batch.docs.append(doc)
             batch.hashes.append(h)
-        if not batch.docs:
-            return report
         for i, doc in enumerate(batch.docs):
             for chunk in chunk_document(doc, self.config.chunk):
                 batch.chunks.append(chunk)
                 batch.chunk_doc.append(i)
-        report.passages = len(batch.chunks)
+        batch.report.passages = len(batch.chunks)
+        return batch
 
-        with _timed(report, "extract"):
-            extractions = self.extractor.extract(batch.chunks)
-            if len(extractions) != len(batch.chunks):
-                raise InputError(
-                    f"extractor {self.extractor.name} returned {len(extractions)} results "
-                    f"for {len(batch.chunks)} passages"
-                )
-            self._collect_graph_items(batch, extractions)
-        with _timed(report, "graph"):
-            self._resolve_existing(batch)
-        with _timed(report, "embed"):
-            prepend = self.config.chunk.prepend_title
-            batch.passage_vectors = self.embedder.embed(
-                [passage_embedding_text(c, prepend) for c in batch.chunks])
-            batch.new_entity_vectors = self.embedder.embed(batch.new_entities)
-            batch.new_fact_vectors = self.embedder.embed(
-                [fact_text(s, r, o) for s, r, o, kind in batch.new_facts if kind == "triple"])
-        self._write(batch, report)
-        return report
+    def _extract(self, batch: _Batch):
+        """Worker-thread stage: OpenIE over the batch's passages (touches no database)."""
+        t0 = time.perf_counter()
+        extractions = self.extractor.extract(batch.chunks)
+        if len(extractions) != len(batch.chunks):
+            raise InputError(
+                f"extractor {self.extractor.name} returned {len(extractions)} results "
+                f"for {len(batch.chunks)} passages"
+            )
+        batch.report.seconds["extract"] = time.perf_counter() - t0
+        return extractions
+
+    def _finish(self, batch: _Batch, future: Future | None, seen: int, report: IndexReport,
+                progress: Progress | None) -> None:
+        if future is not None:
+            extractions = future.result()  # re-raises the worker's error: this batch is not written
+            with _timed(batch.report, "graph"):
+                self._collect_graph_items(batch, extractions)
+                self._resolve_existing(batch)
+            with _timed(batch.report, "embed"):
+                prepend = self.config.chunk.prepend_title
+                batch.passage_vectors = self.embedder.embed(
+                    [passage_embedding_text(c, prepend) for c in batch.chunks])
+                batch.new_entity_vectors = self.embedder.embed(batch.new_entities)
+                batch.new_fact_vectors = self.embedder.embed(
+                    [fact_text(s, r, o) for s, r, o, kind in batch.new_facts if kind == "triple"])
+            self._write(batch, batch.report)
+        report.merge(batch.report)
+        if progress:
+            progress(seen)
 
     def _collect_graph_items(self, batch: _Batch, extractions) -> None:
         """Normalize extractor output into mention and fact rows keyed by entity names."""
@@ -257,7 +279,7 @@ class Indexer:
                 rows = con.execute(
                     "SELECT e.name, e.id FROM entities e JOIN _names n ON e.name = n.name").fetchall()
             finally:
-                con.unregister("_names")
+                self.store.unregister("_names")
             batch.entity_ids = {name: int(eid) for name, eid in rows}
         batch.new_entities = [n for n in names if n not in batch.entity_ids]
         keys = sorted({(s, r, o, kind) for _, s, r, o, kind in batch.facts})
@@ -274,7 +296,7 @@ class Indexer:
                     SELECT f.subject_id, f.relation, f.object_id, f.id FROM facts f
                     JOIN _fkeys k USING (subject_id, relation, object_id)""").fetchall()
             finally:
-                con.unregister("_fkeys")
+                self.store.unregister("_fkeys")
             by_ids = {(int(s), r, int(o)): int(fid) for s, r, o, fid in rows}
             for s, r, o in known:
                 fid = by_ids.get((batch.entity_ids[s], r, batch.entity_ids[o]))
@@ -293,7 +315,10 @@ class Indexer:
         t_write = time.perf_counter()
         t_graph = 0.0
         with store.transaction():
-            delete_document_rows(store, batch.replaced, removed)
+            existing = self._existing([d.id for d in batch.docs])
+            report.replaced += len(existing)
+            report.added += len(batch.docs) - len(existing)
+            delete_document_rows(store, [doc_id for doc_id, _ in existing.values()], removed)
             now = datetime.now(timezone.utc).replace(tzinfo=None)
             doc_ids = store.allocate_ids("document", len(batch.docs))
             store.insert("documents", {
@@ -357,15 +382,7 @@ class Indexer:
             touched = {entity_ids[name] for _, name, _, _ in batch.mentions}
             refresh_entities(store, (removed.affected_entities | touched) - removed.entities)
             add_mention_edges(store, passage_ids)
-            pairs = self._synonyms(new_entity_ids, batch.new_entity_vectors, removed.entities)
-            if pairs:
-                keys = sorted(pairs)
-                store.insert("edges", {
-                    "type": pa.array(["synonym"] * len(keys), pa.string()),
-                    "src": pa.array([a for a, _ in keys], pa.int64()),
-                    "dst": pa.array([b for _, b in keys], pa.int64()),
-                    "weight": pa.array([pairs[k] for k in keys], pa.float64()),
-                })
+            n_synonyms = self._synonyms(new_entity_ids, batch.new_entity_vectors, removed)
             t_graph = time.perf_counter() - t0
             store.bump_generation()
         added = {
@@ -376,16 +393,17 @@ class Indexer:
         self.vectors.apply(removed, added=added)
         report.entities_new += len(batch.new_entities)
         report.facts_new += len(batch.new_facts)
-        report.synonym_edges_new += len(pairs)
+        report.synonym_edges_new += n_synonyms
         report.seconds["graph"] = report.seconds.get("graph", 0.0) + t_graph
         report.seconds["write"] = report.seconds.get("write", 0.0) + time.perf_counter() - t_write - t_graph
 
-    def _synonyms(self, new_ids: np.ndarray, new_vectors: np.ndarray, exclude: set[int]):
-        cfg = self.config.synonyms
-        if len(new_ids) == 0:
-            return {}
-        old_scores, old_ids = self.vectors.search("entity", new_vectors, cfg.max_neighbors + 1)
-        return synonym_pairs(new_ids, new_vectors, old_scores, old_ids, cfg, exclude)
+    def _synonyms(self, new_ids: np.ndarray, new_vectors: np.ndarray, removed: Removed) -> int:
+        dim = self.vectors.dimension
+        removed_vectors = removed.entity_vectors if removed.entity_vectors is not None else np.zeros((0, dim), np.float32)
+        if new_vectors is None or len(new_vectors) == 0:
+            new_vectors = np.zeros((0, dim), np.float32)
+        return update_synonyms(self.store, self.vectors.indexes["entity"], new_ids, new_vectors,
+                               removed.entity_vector_ids, removed_vectors, self.config.synonyms)
 
 
 @contextmanager

@@ -32,8 +32,8 @@ def _lock_error(path: Path, exc: Exception) -> IndexLockedError:
     pid = re.search(r"PID (\d+)", text)
     holder = f" (PID {pid.group(1)})" if pid else ""
     return IndexLockedError(
-        f"index {path} is open for writing by another process{holder}; "
-        "wait for it to finish or stop it, then retry"
+        f"index {path} is locked by another process{holder} that has it open (DuckDB allows one "
+        "writer, or readers only); wait for it to finish or stop it, then retry"
     )
 
 
@@ -50,6 +50,32 @@ class GraphStore:
         self._in_tx = False
 
     # ------------------------------------------------------------------ opening
+    @staticmethod
+    def has_index(root: str | Path) -> bool:
+        """True when ``root`` holds a database with the hipgraph schema committed.
+
+        A database file without tables (a creation interrupted before its first commit) does not
+        count, so the next ``create=True`` completes it.
+        """
+        db_path = Path(root) / DB_FILENAME
+        if not db_path.exists():
+            return False
+        try:
+            con = duckdb.connect(str(db_path), read_only=True)
+        except duckdb.IOException as exc:
+            if "lock" in str(exc).lower():
+                raise _lock_error(Path(root), exc) from exc
+            raise StoreError(f"cannot open {db_path}: {exc}") from exc
+        except duckdb.ConnectionException:
+            return True  # already open in this process under another configuration
+        except duckdb.Error as exc:
+            raise StoreError(f"cannot open {db_path}: {exc}") from exc
+        try:
+            tables = con.execute("SELECT count(*) FROM information_schema.tables").fetchall()[0][0]
+        finally:
+            con.close()
+        return bool(tables)
+
     @classmethod
     def open(
         cls,
@@ -69,7 +95,9 @@ class GraphStore:
         db_path = root / DB_FILENAME
         exists = db_path.exists()
         if not exists and not create:
-            raise IndexNotFoundError(f"no index at {root} ({DB_FILENAME} not found); pass create=True")
+            raise IndexNotFoundError(
+                f"no index at {root} ({DB_FILENAME} not found); create one first "
+                "(hipgraph index --db PATH ..., or hipgraph.open(PATH, create=True))")
         if not exists and read_only:
             raise IndexNotFoundError(f"no index at {root}; cannot create it read-only")
         if root.exists() and not root.is_dir():
@@ -192,7 +220,7 @@ class GraphStore:
             columns = ", ".join(data.column_names)
             self.con.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM _hipgraph_rows")
         finally:
-            self.con.unregister("_hipgraph_rows")
+            self.unregister("_hipgraph_rows")
 
     @contextmanager
     def temp_ids(self, name: str, ids: np.ndarray | list[int]) -> Iterator[str]:
@@ -202,7 +230,14 @@ class GraphStore:
         try:
             yield name
         finally:
+            self.unregister(name)
+
+    def unregister(self, name: str) -> None:
+        """Drop a registered relation; never masks the error that aborted a transaction."""
+        try:
             self.con.unregister(name)
+        except duckdb.Error:
+            logger.debug("unregister %s failed (transaction aborted)", name, exc_info=True)
 
     def write_vectors(self, kind: str, ids: np.ndarray, vectors: np.ndarray) -> None:
         if kind not in VECTOR_KINDS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
@@ -13,10 +14,21 @@ CacheKey = tuple[str, str, str, str]  # model, prompt_version, passage_hash, ste
 
 
 class DuckDBResponseCache:
-    """:class:`~hipgraph.indexers.extract_base.ResponseCache` over the ``llm_cache`` table."""
+    """:class:`~hipgraph.indexers.extract_base.ResponseCache` over the ``llm_cache`` table.
+
+    Extraction runs in a worker thread, so each thread gets its own DuckDB cursor (a connection
+    to the same database) and commits its cache rows on it, apart from the indexing batch.
+    """
 
     def __init__(self, store: GraphStore):
         self.store = store
+        self._local = threading.local()
+
+    def _con(self):
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = self._local.con = self.store.con.cursor()
+        return con
 
     def get_many(self, keys: Sequence[CacheKey]) -> dict[CacheKey, str]:
         if not keys:
@@ -24,7 +36,7 @@ class DuckDBResponseCache:
         cols = list(zip(*keys, strict=True))
         table = pa.table({name: pa.array(list(col), pa.string()) for name, col in
                           zip(("model", "prompt_version", "passage_hash", "step"), cols, strict=True)})
-        con = self.store.con
+        con = self._con()
         con.register("_cache_keys", table)
         try:
             rows = con.execute("""
@@ -44,10 +56,16 @@ class DuckDBResponseCache:
             return
         now = datetime.now(timezone.utc).replace(tzinfo=None)
         keys = list(fresh)
-        with self.store.transaction():
-            self.store.insert("llm_cache", {
-                "model": [k[0] for k in keys], "prompt_version": [k[1] for k in keys],
-                "passage_hash": [k[2] for k in keys], "step": [k[3] for k in keys],
-                "response": [fresh[k] for k in keys],
-                "created_at": pa.array([now] * len(keys), pa.timestamp("us")),
-            })
+        table = pa.table({
+            "model": [k[0] for k in keys], "prompt_version": [k[1] for k in keys],
+            "passage_hash": [k[2] for k in keys], "step": [k[3] for k in keys],
+            "response": [fresh[k] for k in keys],
+            "created_at": pa.array([now] * len(keys), pa.timestamp("us")),
+        })
+        con = self._con()
+        con.register("_cache_rows", table)
+        try:
+            con.execute("INSERT INTO llm_cache SELECT model, prompt_version, passage_hash, step, "
+                        "response, created_at FROM _cache_rows")
+        finally:
+            con.unregister("_cache_rows")

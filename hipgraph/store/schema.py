@@ -27,7 +27,8 @@ def ddl(dimension: int) -> list[str]:
             start_char INTEGER NOT NULL, end_char INTEGER NOT NULL, text_hash VARCHAR NOT NULL)""",
         """CREATE TABLE entities (
             id BIGINT NOT NULL, name VARCHAR NOT NULL, label VARCHAR,
-            surface_forms VARCHAR[] NOT NULL)""",
+            surface_forms VARCHAR[] NOT NULL,
+            synonym_degree INTEGER NOT NULL DEFAULT 0)""",  # entities with cosine >= threshold
         # one row per (passage, entity, surface form): provenance of mention edges and surface forms
         """CREATE TABLE mentions (
             passage_id BIGINT NOT NULL, entity_id BIGINT NOT NULL, surface VARCHAR NOT NULL,

@@ -123,6 +123,19 @@ class FaissVectorIndex:
             ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=-1)
         return scores, ids.astype(np.int64)
 
+    def range_search(self, queries: np.ndarray, threshold: float) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per query row, ``(ids, scores)`` of every vector with score >= ``threshold`` (CPU)."""
+        queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+        if self.ntotal == 0 or len(queries) == 0:
+            return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in range(len(queries))]
+        lims, scores, ids = self._index.range_search(queries, float(threshold) - 1e-6)
+        out = []
+        for q in range(len(queries)):
+            s, i = scores[lims[q]:lims[q + 1]], ids[lims[q]:lims[q + 1]].astype(np.int64)
+            keep = s >= threshold
+            out.append((i[keep], s[keep]))
+        return out
+
     def _search_index(self):
         if self.config.use_gpu == "never" or self.config.kind == "hnsw":
             return self._index

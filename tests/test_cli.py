@@ -1,0 +1,285 @@
+"""The command line end to end, in subprocesses: index (JSON bundle, JSONL, folders), stats,
+query, eval, bad inputs that write nothing, and a kill -9 in the middle of indexing that a re-run
+of the same command resumes to the same index as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import (
+    INLINE_DOCS,
+    REPO,
+    SHARED_BUNDLE,
+    assert_same_index,
+    check_consistency,
+    dump_index,
+    index_config,
+    run_cli,
+)
+
+import hipgraph
+
+HIT_FIELDS = {"doc_id", "passage_id", "title", "text", "score", "rank", "why"}
+
+
+def _jsonl(path, records) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def _json_out(proc) -> dict:
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def base_index_template(tmp_path_factory, embedder):
+    """An index of three inline documents, built through the API (fp32 config saved in it)."""
+    path = tmp_path_factory.mktemp("cli-template") / "base"
+    with hipgraph.open(path, create=True, config=index_config(), embedder=embedder) as hg:
+        hg.add_documents(INLINE_DOCS[:3])
+    return path
+
+
+@pytest.fixture
+def base_index(tmp_path, base_index_template):
+    path = tmp_path / "base"
+    shutil.copytree(base_index_template, path)
+    return path
+
+
+# ------------------------------------------------------------------ happy paths
+def test_index_bundle_then_stats_query_and_eval(tmp_path, sample_docs):
+    by_idx = {int(d["id"][1:]): d for d in sample_docs}
+    corpus = [{"idx": i, "title": by_idx[i]["title"], "text": by_idx[i]["text"]} for i in (0, 2, 3, 6, 7, 10, 11)]
+    corpus.append({"idx": 999, "title": "Nothing", "text": ""})  # skipped with a warning, counted
+    question = {"id": "q1", "question": "Who was the first president of the association which published "
+                                        "Journal of Psychotherapy Integration?",
+                "answers": ["G. Stanley Hall"], "gold_idx": [6, 10]}
+    bundle = tmp_path / "bundle.json"
+    bundle.write_text(json.dumps({"name": "tiny", "corpus": corpus, "questions": [question]}), encoding="utf-8")
+    db = tmp_path / "ix"
+
+    out = _json_out(run_cli("index", "--db", str(db), str(bundle), "--json", "-q",
+                            "--chunk-tokens", "120", "--chunk-overlap", "20"))
+    report = out["report"]
+    assert (report["added"], report["replaced"], report["unchanged"], report["skipped"]) == (7, 0, 0, 1)
+    assert len(report["warnings"]) == 1 and "'999'" in report["warnings"][0] and "no text" in report["warnings"][0]
+    assert str(bundle) in report["warnings"][0]  # names where the record is
+    assert out["stats"]["documents"] == 7 and out["stats"]["passages"] >= 7
+    assert all(out["stats"]["edges"][t] > 0 for t in ("fact", "mention", "synonym"))
+
+    stats = _json_out(run_cli("stats", "--db", str(db), "--json"))
+    assert stats == out["stats"]
+    text = run_cli("stats", "--db", str(db))
+    assert text.returncode == 0 and f"documents {stats['documents']}" in text.stdout
+
+    with hipgraph.open(db, read_only=True) as hg:
+        assert hg.config.chunk.max_tokens == 120 and hg.config.chunk.overlap == 20
+        assert hg.stats() == stats
+        check_consistency(hg)
+        keys = {r[0] for r in hg.store.con.execute("SELECT key FROM documents").fetchall()}
+        assert keys == {"0", "2", "3", "6", "7", "10", "11"}
+
+    res = _json_out(run_cli("query", "--db", str(db), "--json", "-k", "3",
+                            "Which association publishes the Journal of Psychotherapy Integration?"))
+    hits = res["hits"]
+    assert len(hits) == 3 and res["mode"] == "dense"
+    assert all(set(h) == HIT_FIELDS for h in hits)
+    assert [h["rank"] for h in hits] == [1, 2, 3]
+    assert hits[0]["score"] >= hits[1]["score"] >= hits[2]["score"]
+    assert hits[0]["doc_id"] == "6" and hits[0]["title"] == "Journal of Psychotherapy Integration"
+    bad_k = run_cli("query", "--db", str(db), "-k", "0", "anything")
+    assert bad_k.returncode == 1 and "k must be >= 1" in bad_k.stderr
+
+    ev = _json_out(run_cli("eval", "--db", str(db), str(bundle), "--json", "--k", "2,5"))
+    assert ev["questions"] == 1 and 0 < ev["recall@5"] <= 100 and ev["recall@2"] <= ev["recall@5"]
+
+
+def test_index_jsonl_and_folder_then_rerun_is_a_no_op(tmp_path):
+    docs = [{"doc_id": d["id"], "body": d["text"], "title": d["title"], "lang": "en"} for d in INLINE_DOCS[3:6]]
+    jsonl = tmp_path / "docs.jsonl"
+    _jsonl(jsonl, docs)
+    folder = tmp_path / "notes"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "niels_bohr.txt").write_text(INLINE_DOCS[8]["text"] + "\n", encoding="utf-8")
+    (folder / "sub" / "publix.md").write_text("# Publix Super Markets\n\n" + INLINE_DOCS[9]["text"] + "\n",
+                                              encoding="utf-8")
+    (folder / "ignored.csv").write_text("a,b\n1,2\n", encoding="utf-8")
+    db = tmp_path / "ix"
+    cmd = ["index", "--db", str(db), str(jsonl), str(folder), "--id-field", "doc_id",
+           "--text-field", "body", "--json", "-q"]
+    out = _json_out(run_cli(*cmd))
+    assert (out["report"]["added"], out["report"]["skipped"]) == (5, 0)
+    assert out["stats"]["documents"] == 5
+    with hipgraph.open(db, read_only=True) as hg:
+        rows = hg.store.con.execute("SELECT key, title, metadata FROM documents ORDER BY key").fetchall()
+        check_consistency(hg)
+    got = {key: (title, json.loads(meta)) for key, title, meta in rows}
+    assert got == {
+        "pct": ("Person-centered therapy", {"lang": "en"}),
+        "rogers": ("Carl Rogers", {"lang": "en"}),
+        "jmp": ("Journal of Mathematical Physics", {"lang": "en"}),
+        "niels_bohr.txt": ("niels bohr", {"path": "niels_bohr.txt"}),
+        "sub/publix.md": ("Publix Super Markets", {"path": "sub/publix.md"}),
+    }
+    before = dump_index(db)
+    again = _json_out(run_cli(*cmd))
+    assert (again["report"]["added"], again["report"]["replaced"], again["report"]["unchanged"]) == (0, 0, 5)
+    assert dump_index(db) == before
+
+
+@pytest.mark.skipif(not SHARED_BUNDLE.is_file(), reason=f"shared bundle not present at {SHARED_BUNDLE}")
+def test_index_the_shared_bundle(tmp_path):
+    db = tmp_path / "shared"
+    out = _json_out(run_cli("index", "--db", str(db), str(SHARED_BUNDLE), "--limit", "6", "--json", "-q"))
+    assert out["report"]["added"] == 6 and out["stats"]["documents"] == 6
+    corpus = json.loads(SHARED_BUNDLE.read_text(encoding="utf-8"))["corpus"][:6]
+    with hipgraph.open(db, read_only=True) as hg:
+        keys = {r[0] for r in hg.store.con.execute("SELECT key FROM documents").fetchall()}
+        check_consistency(hg)
+    assert keys == {str(c["idx"]) for c in corpus}
+
+
+# ------------------------------------------------------------------ bad inputs
+BAD_INPUTS = {
+    "malformed_json": ("bad.json", b'[\n  {"id": 1, "text": "fine"},\n  {"id": 2 "text": "missing comma"}\n]\n',
+                       ":3:", "malformed JSON"),
+    "malformed_jsonl": ("bad.jsonl", b'{"id": 1, "text": "one"}\n{"id": 2, "text": "two"}\n{"id": 3, "text": }\n'
+                        b'{"id": 4, "text": "four"}\n', ":3:", "malformed JSON line"),
+    "jsonl_not_an_object": ("list.jsonl", b'{"id": 1, "text": "one"}\n[1, 2]\n', ":2", "expected an object"),
+    "jsonl_missing_id": ("noid.jsonl", b'{"id": 1, "text": "one"}\n{"text": "no id"}\n', ":2", "missing field 'id'"),
+    "json_not_a_list": ("obj.json", b'{"id": 1, "text": "not a list"}\n', "obj.json", "expected a list"),
+    "undecodable_jsonl": ("latin1.jsonl", b'{"id": 1, "text": "one"}\n{"id": 2, "text": "caf\xe9"}\n',
+                          ":2:", "not UTF-8"),
+    "undecodable_txt": ("folder/notes.txt", b"Caf\xe9 au lait is served in Paris.\n", "notes.txt", "not UTF-8"),
+    "missing_file": ("absent.jsonl", None, "absent.jsonl", "no such file"),
+    "unsupported_file": ("table.csv", b"id,text\n1,x\n", "table.csv", "unsupported file type"),
+}
+
+
+def _bad_input(tmp_path, case: str):
+    name, data, where, what = BAD_INPUTS[case]
+    path = tmp_path / name
+    if data is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    target = path.parent if case == "undecodable_txt" else path
+    return target, path, where, what
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_exits_2_naming_the_file_and_line_and_creates_nothing(tmp_path, case):
+    target, path, where, what = _bad_input(tmp_path, case)
+    db = tmp_path / "ix"
+    proc = run_cli("index", "--db", str(db), str(target), "-q")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("hipgraph: error: ")
+    assert str(path) in proc.stderr and where in proc.stderr and what in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("case", ["malformed_jsonl", "undecodable_txt", "jsonl_missing_id"])
+def test_bad_input_beside_good_input_leaves_an_existing_index_unchanged(tmp_path, base_index, case):
+    target, _, where, _ = _bad_input(tmp_path, case)
+    good = tmp_path / "good.jsonl"
+    _jsonl(good, INLINE_DOCS[3:8])
+    before = dump_index(base_index)
+    proc = run_cli("index", "--db", str(base_index), str(good), str(target), "--batch-size", "2", "-q")
+    assert proc.returncode == 2 and where in proc.stderr, proc.stderr
+    assert dump_index(base_index) == before
+
+
+def test_wrongly_typed_record_is_rejected_before_anything_is_written(tmp_path, base_index):
+    """A record whose text is not a string is malformed input like a JSON syntax error: the
+    command names file and line and writes nothing, not even the batches before it."""
+    path = tmp_path / "typed.jsonl"
+    records = [dict(d) for d in INLINE_DOCS[3:9]]
+    records[4]["text"] = 12345  # line 5
+    _jsonl(path, records)
+    before = dump_index(base_index)
+    proc = run_cli("index", "--db", str(base_index), str(path), "--batch-size", "2", "-q")
+    assert proc.returncode == 2, proc.stderr
+    assert f"{path}:5" in proc.stderr and "'text'" in proc.stderr, proc.stderr
+    assert dump_index(base_index) == before
+
+
+@pytest.mark.parametrize("command", [["stats"], ["query", "anything"]])
+def test_reading_a_missing_index_is_a_clear_error(tmp_path, command):
+    db = tmp_path / "nowhere"
+    proc = run_cli(command[0], "--db", str(db), *command[1:])
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("hipgraph: error: no index at") and str(db) in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not db.exists()
+
+
+# ------------------------------------------------------------------ crash and resume
+def _faiss_size(db) -> int:
+    try:
+        return (db / "passage.faiss").stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_rerun_resumes_to_the_uninterrupted_index(tmp_path, sample_docs):
+    docs = sample_docs[:16]
+    source = tmp_path / "docs.jsonl"
+    _jsonl(source, docs)
+    crashed, clean = tmp_path / "crashed", tmp_path / "clean"
+
+    def command(db):
+        return ["index", "--db", str(db), str(source), "--batch-size", "4", "--json", "-q"]
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.Popen([sys.executable, "-m", "hipgraph", *command(crashed)], cwd=str(REPO), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while _faiss_size(crashed) == 0:  # created, empty, when the index is opened
+            assert proc.poll() is None, proc.communicate()[1].decode()
+            assert time.monotonic() < deadline, "the index was never created"
+            time.sleep(0.02)
+        empty_size = _faiss_size(crashed)
+        # while it writes, another process gets a clear error naming the holder
+        locked = run_cli("stats", "--db", str(crashed))
+        assert locked.returncode == 1, locked.stderr
+        assert "locked by another process" in locked.stderr and f"PID {proc.pid}" in locked.stderr
+        while _faiss_size(crashed) <= empty_size:  # the first batch has committed and been saved
+            assert proc.poll() is None, "the run ended before it could be killed: " + proc.communicate()[1].decode()
+            assert time.monotonic() < deadline, "no batch was committed in time"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+
+    with hipgraph.open(crashed, read_only=True) as hg:
+        done = hg.stats()["documents"]
+        assert 4 <= done < len(docs), "the kill did not interrupt the run"
+        assert done % 4 == 0, f"{done} documents: a batch was half written"
+        assert hg.store.meta_get("generation") == done // 4
+
+    resumed = _json_out(run_cli(*command(crashed)))["report"]
+    assert (resumed["unchanged"], resumed["added"], resumed["replaced"]) == (done, len(docs) - done, 0)
+    _json_out(run_cli(*command(clean)))
+    with hipgraph.open(crashed, read_only=True) as hg:
+        assert hg.vectors.repaired == []  # the FAISS files on disk match DuckDB
+        check_consistency(hg)
+        a = dump_index(hg)
+    b = dump_index(clean)
+    assert a["stats"]["documents"] == len(docs)
+    assert_same_index(a, b)

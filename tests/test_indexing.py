@@ -1,0 +1,434 @@
+"""Indexing through the API: graph content, idempotent adds, replacements, deletes (equal to a
+from-scratch build), bad records, chunking, and batches that fail without leaving half a write."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from conftest import assert_same_index, check_consistency, dump_index, index_config
+
+from hipgraph.config import ChunkConfig, SynonymConfig
+from hipgraph.errors import ExtractionError, InputError
+from hipgraph.indexers.extract_spacy import SpacyExtractor
+from hipgraph.types import Chunk, Document, Extraction
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def _entity_names(hg, keys: Sequence[str]) -> set[str]:
+    rows = hg.store.con.execute("""
+        SELECT DISTINCT e.name FROM entities e JOIN mentions m ON m.entity_id = e.id
+        JOIN passages p ON p.id = m.passage_id JOIN documents d ON d.id = p.doc_id
+        WHERE list_contains(?, d.key)""", [list(keys)]).fetchall()
+    return {r[0] for r in rows}
+
+
+def _passage_texts(hg) -> set[str]:
+    return {r[0] for r in hg.store.con.execute("SELECT text FROM passages").fetchall()}
+
+
+# ------------------------------------------------------------------ adding
+def test_add_builds_passages_entities_facts_and_all_edge_types(make_index, sample_docs):
+    hg = make_index()
+    docs = sample_docs[:12]
+    report = hg.add_documents(docs, batch_size=5)
+    assert (report.added, report.replaced, report.unchanged, report.skipped) == (12, 0, 0, 0)
+    assert report.warnings == []
+    stats = hg.stats()
+    assert stats["documents"] == 12
+    assert stats["passages"] == report.passages >= 12
+    assert stats["entities"] == report.entities_new > 12
+    assert stats["facts"] == report.facts_new > 0
+    assert stats["edges"]["synonym"] == report.synonym_edges_new > 0
+    assert stats["edges"]["fact"] > 0 and stats["edges"]["mention"] > 0
+    kinds = dict(hg.store.con.execute("SELECT kind, count(*) FROM facts GROUP BY kind").fetchall())
+    assert kinds.get("triple", 0) > 0 and kinds.get("cooccurrence", 0) > 0
+    assert set(report.seconds) >= {"extract", "embed", "graph", "write"}
+    assert hg.store.meta_get("generation") == 3  # one per committed batch of 5, 5, 2
+    check_consistency(hg)
+    # a sample of what the spaCy extractor must find in "Journal of Mathematical Physics"
+    assert {"journal of mathematical physics", "american institute of physics",
+            "jan philip solovej", "university of copenhagen"} <= _entity_names(hg, ["m0"])
+    facts = hg.store.con.execute("""
+        SELECT s.name, f.relation, o.name FROM facts f JOIN entities s ON s.id = f.subject_id
+        JOIN entities o ON o.id = f.object_id WHERE f.kind = 'triple'""").fetchall()
+    assert ("journal of mathematical physics", "published by", "american institute of physics") in facts
+    # passages carry the document's text and title; vectors are unit-norm
+    row = hg.store.con.execute("""SELECT p.title, p.text, p.ordinal FROM passages p
+        JOIN documents d ON d.id = p.doc_id WHERE d.key = 'm0'""").fetchall()
+    assert row == [(docs[0]["title"], docs[0]["text"], 0)]
+    for kind in ("passage", "entity", "fact"):
+        _, vecs = hg.store.read_vectors(kind)
+        assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
+    hits = hg.retrieve("Who is the editor of the Journal of Mathematical Physics?", k=3)
+    assert [h.rank for h in hits] == [1, 2, 3] and hits[0].doc_id == "m0"
+
+
+def test_readding_the_same_documents_is_a_no_op(make_index, sample_docs, tmp_path):
+    hg = make_index()
+    docs = sample_docs[:8]
+    hg.add_documents(docs, batch_size=4)
+    before = dump_index(hg)
+    generation = hg.store.meta_get("generation")
+    meta = hg.store.meta_all()
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "ix").glob("*.faiss")}
+    for batch_size in (4, 100):
+        report = hg.add_documents([dict(d) for d in reversed(docs)], batch_size=batch_size)
+        assert (report.added, report.replaced, report.unchanged) == (0, 0, 8)
+        assert report.passages == report.entities_new == report.facts_new == 0
+    # Document objects and integer-free string ids hash the same way as mappings
+    report = hg.add_documents([Document(d["id"], d["text"], d["title"]) for d in docs[:2]])
+    assert report.unchanged == 2 and report.added == report.replaced == 0
+    assert hg.store.meta_get("generation") == generation
+    assert hg.store.meta_all() == meta
+    assert dump_index(hg) == before
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "ix").glob("*.faiss")} == mtimes
+
+
+def test_changed_text_replaces_the_document(make_index, inline_docs):
+    docs = inline_docs[:8]
+    hg = make_index()
+    hg.add_documents(docs)
+    stats = hg.stats()
+    old = next(d for d in docs if d["id"] == "jmp")
+    new_text = ("The Journal of Mathematical Physics is a peer-reviewed journal published monthly by the "
+                "American Institute of Physics. Its editor is Bruno Nachtergaele from the University of "
+                "California, Davis.")
+    report = hg.add_documents([dict(old, text=new_text)])
+    assert (report.added, report.replaced, report.unchanged) == (0, 1, 0)
+    texts = _passage_texts(hg)
+    assert old["text"] not in texts and new_text in texts
+    assert hg.stats()["documents"] == stats["documents"]
+    names = {r[0] for r in hg.store.con.execute("SELECT name FROM entities").fetchall()}
+    assert "jan philip solovej" not in names  # only the old text mentioned him
+    assert "bruno nachtergaele" in names
+    assert "university of copenhagen" in names  # still mentioned by other documents
+    check_consistency(hg)
+    hits = hg.retrieve("Who edits the Journal of Mathematical Physics?", k=1)
+    assert hits[0].doc_id == "jmp" and hits[0].text == new_text
+    # a new title alone (same text) is a change too
+    report = hg.add_documents([dict(old, text=new_text, title="J. Math. Phys.")])
+    assert report.replaced == 1
+    titles = hg.store.con.execute("""SELECT d.title, p.title FROM documents d JOIN passages p
+        ON p.doc_id = d.id WHERE d.key = 'jmp'""").fetchall()
+    assert titles == [("J. Math. Phys.", "J. Math. Phys.")]
+    # the final state equals a from-scratch build of the final documents
+    final = [d if d["id"] != "jmp" else dict(old, text=new_text, title="J. Math. Phys.") for d in docs]
+    fresh = make_index("fresh")
+    fresh.add_documents(final)
+    assert_same_index(dump_index(hg), dump_index(fresh))
+
+
+def test_repeated_id_in_one_call_keeps_the_last(make_index):
+    hg = make_index()
+    report = hg.add_documents([
+        {"id": "oslo", "text": "Oslo is the capital of Norway."},
+        {"id": "oslo", "text": "Oslo is the capital and most populous city of Norway."},
+    ])
+    assert report.added == 1
+    assert any("repeated" in w and "oslo" in w for w in report.warnings)
+    assert _passage_texts(hg) == {"Oslo is the capital and most populous city of Norway."}
+    check_consistency(hg)
+    # the same id in consecutive batches of one call (planned while the previous one is written)
+    v1 = {"id": "bergen", "text": "Bergen is a city on the west coast of Norway."}
+    v2 = {"id": "bergen", "text": "Bergen is the second largest city in Norway."}
+    other = [{"id": f"town{i}", "text": f"Town {i} lies in the county of Vestland, Norway."} for i in range(5)]
+    records = [v1, other[0], v2, other[1], v2, other[2], v1, other[3], dict(v1), other[4]]
+    report = hg.add_documents(records, batch_size=2)
+    assert (report.added, report.replaced, report.unchanged) == (6, 2, 2)
+    assert v1["text"] in _passage_texts(hg) and v2["text"] not in _passage_texts(hg)
+    assert hg.stats()["documents"] == 7
+    check_consistency(hg)
+
+
+# ------------------------------------------------------------------ deleting
+def _variant(doc: dict, rng: random.Random, donors: list[dict]) -> dict:
+    """A changed version: drop the last sentence, or append the first sentence of another doc."""
+    sentences = re.split(r"(?<=[.!?])\s+", doc["text"])
+    if len(sentences) > 1 and rng.random() < 0.5:
+        text = " ".join(sentences[:-1])
+    else:
+        donor = rng.choice(donors)
+        text = doc["text"] + " " + re.split(r"(?<=[.!?])\s+", donor["text"])[0]
+    return dict(doc, text=text)
+
+
+def test_any_sequence_of_adds_and_deletes_equals_a_fresh_build(make_index, sample_docs):
+    rng = random.Random(1234)
+    pool = [dict(d) for d in sample_docs[:22]]
+    live: dict[str, dict] = {}
+    hg = make_index("incremental")
+
+    def add(docs: list[dict], batch_size: int, expect: tuple[int, int, int]) -> None:
+        report = hg.add_documents(docs, batch_size=batch_size)
+        assert (report.added, report.replaced, report.unchanged) == expect
+        for d in docs:
+            live[d["id"]] = d
+        check_consistency(hg)
+
+    def delete(keys: list[str], unknown: tuple[str, ...] = ()) -> None:
+        report = hg.delete_documents(keys + list(unknown))
+        assert report.deleted == len(keys)
+        assert len(report.warnings) == len(unknown)
+        for k in keys:
+            del live[k]
+        check_consistency(hg)
+
+    add(pool[:8], 4, (8, 0, 0))
+    changed = [_variant(live[d["id"]], rng, pool) for d in rng.sample(pool[:5], 3)]
+    add(pool[5:13] + changed, 6, (5, 3, 3))
+    delete(rng.sample(sorted(live), 4), unknown=("no-such-doc",))
+    gone = sorted(set(d["id"] for d in pool[:13]) - set(live))
+    back = [next(d for d in pool if d["id"] == gone[0])]  # re-added with its original text
+    changed = [_variant(live[k], rng, pool) for k in rng.sample(sorted(live), 2)]
+    add(pool[13:18] + back + changed, 4, (6, 2, 0))
+    delete(rng.sample(sorted(live), 3))
+    same = sorted(live)[:3]
+    changed = [_variant(live[k], rng, pool) for k in rng.sample(sorted(live)[3:], 2)]
+    add(pool[18:22] + changed + [live[k] for k in same], 100, (4, 2, 3))
+    delete(rng.sample(sorted(live), 2))
+    assert len(live) >= 13
+
+    fresh = make_index("fresh")
+    fresh.add_documents(list(live.values()))
+    check_consistency(fresh)
+    a, b = dump_index(hg), dump_index(fresh)
+    assert a["stats"]["edges"]["synonym"] > 0 and a["stats"]["edges"]["fact"] > 0
+    assert_same_index(a, b)
+    for kind in ("passage", "entity", "fact"):
+        assert a["faiss"][kind] == a["vectors"][kind] == b["faiss"][kind]
+
+
+def test_batching_does_not_change_the_graph_when_neighbor_lists_are_full(make_index, inline_docs):
+    """Synonym lists bounded by max_neighbors: the edges must not depend on which entities
+    happened to be indexed earlier (two batches vs one batch of the same documents)."""
+    config = index_config(synonyms=SynonymConfig(threshold=0.5, max_neighbors=2))
+    two_batches = make_index("two", config=config)
+    two_batches.add_documents(inline_docs[:4])
+    two_batches.add_documents(inline_docs[4:8])
+    one_batch = make_index("one", config=config)
+    one_batch.add_documents(inline_docs[:8])
+    a, b = dump_index(two_batches), dump_index(one_batch)
+    assert b["stats"]["edges"]["synonym"] > 0
+    assert_same_index(a, b)
+
+
+def test_delete_removes_orphans_and_their_vectors_but_keeps_shared_entities(make_index, inline_docs):
+    hg = make_index()
+    hg.add_documents(inline_docs)
+    con = hg.store.con
+    gone_docs = ["jpi", "np"]
+    survivors = [d["id"] for d in inline_docs if d["id"] not in gone_docs]
+    mine = _entity_names(hg, gone_docs)
+    others = _entity_names(hg, survivors)
+    exclusive, shared = mine - others, mine & others
+    assert {"andrea taroni", "nature publishing group"} <= exclusive
+    assert "american psychological association" in shared
+    ids = dict(con.execute("SELECT name, id FROM entities").fetchall())
+    facts_before = con.execute("""
+        SELECT f.id, bool_or(d.key NOT IN ('jpi', 'np')) FROM facts f
+        JOIN fact_sources s ON s.fact_id = f.id JOIN passages p ON p.id = s.passage_id
+        JOIN documents d ON d.id = p.doc_id GROUP BY f.id""").fetchall()
+    orphan_facts = {int(f) for f, kept in facts_before if not kept}
+    kept_facts = {int(f) for f, kept in facts_before if kept}
+    assert orphan_facts
+    generation = hg.store.meta_get("generation")
+
+    report = hg.delete_documents(gone_docs)
+    assert report.deleted == 2 and report.warnings == []
+    assert hg.store.meta_get("generation") == generation + 1
+    names_after = dict(con.execute("SELECT name, id FROM entities").fetchall())
+    assert not exclusive & set(names_after)
+    assert all(names_after[n] == ids[n] for n in shared)  # same rows, same ids, same vectors
+    entity_vector_ids = set(hg.store.vector_ids("entity").tolist())
+    faiss_entity_ids = set(hg.vectors.indexes["entity"].ids().tolist())
+    for name in exclusive:
+        assert ids[name] not in entity_vector_ids and ids[name] not in faiss_entity_ids
+    for name in shared:
+        assert ids[name] in entity_vector_ids and ids[name] in faiss_entity_ids
+    fact_ids = {int(r[0]) for r in con.execute("SELECT id FROM facts").fetchall()}
+    assert not orphan_facts & fact_ids and kept_facts <= fact_ids
+    assert not orphan_facts & set(hg.vectors.indexes["fact"].ids().tolist())
+    assert not con.execute("""SELECT * FROM documents WHERE key IN ('jpi', 'np')""").fetchall()
+    check_consistency(hg)
+    for hit in hg.retrieve("Nature Physics journal chief editor", k=5):
+        assert hit.doc_id not in gone_docs
+    # deleting everything empties the index
+    hg.delete_documents(survivors)
+    assert hg.stats() == {"documents": 0, "passages": 0, "entities": 0, "facts": 0,
+                          "edges": {"fact": 0, "mention": 0, "synonym": 0}}
+    assert all(hg.vectors.indexes[k].ntotal == 0 for k in ("passage", "entity", "fact"))
+    check_consistency(hg)
+
+
+def test_unknown_delete_ids_give_warnings(make_index, inline_docs):
+    hg = make_index()
+    hg.add_documents(inline_docs[:3])
+    before = dump_index(hg)
+    generation = hg.store.meta_get("generation")
+    report = hg.delete_documents(["nope", "missing-too"])
+    assert report.deleted == 0
+    assert sorted(report.warnings) == ["document 'missing-too' is not in the index",
+                                       "document 'nope' is not in the index"]
+    assert hg.store.meta_get("generation") == generation
+    assert dump_index(hg) == before
+    report = hg.delete_documents(["jpi", "nope", "jpi"])
+    assert report.deleted == 1 and report.warnings == ["document 'nope' is not in the index"]
+    assert hg.stats()["documents"] == 2
+
+
+# ------------------------------------------------------------------ bad records
+def test_records_without_text_are_skipped_and_counted(make_index, inline_docs):
+    hg = make_index()
+    hg.add_documents(inline_docs[:2])
+    seen: list[int] = []
+    records = [
+        {"id": "empty", "text": ""},
+        {"id": "none"},
+        {"id": "blank", "text": " \n\t "},
+        {"id": "jpi", "text": ""},  # an existing id without text leaves the stored one alone
+        inline_docs[2],
+    ]
+    report = hg.add_documents(records, progress=seen.append, batch_size=2)
+    assert report.skipped == 4 and report.added == 1
+    assert len(report.warnings) == 4
+    for key in ("empty", "none", "blank", "jpi"):
+        assert any(f"'{key}'" in w and "no text" in w for w in report.warnings)
+    assert sum(seen) == len(records)
+    keys = {r[0] for r in hg.store.con.execute("SELECT key FROM documents").fetchall()}
+    assert keys == {"jpi", "fsh", "apa"}
+    check_consistency(hg)
+
+
+@pytest.mark.parametrize("record, field", [
+    ({"text": "no id"}, "id"),
+    ({"id": ["a"], "text": "list id"}, "id"),
+    ({"id": True, "text": "bool id"}, "id"),
+    ({"id": " ", "text": "blank id"}, "id"),
+    ({"id": "x", "text": 42}, "text"),
+    ({"id": "x", "text": "t", "title": 7}, "title"),
+    ({"id": "x", "text": "t", "metadata": [1]}, "metadata"),
+    ({"id": "x", "text": "t", "metadata": {"when": object()}}, "metadata"),
+])
+def test_malformed_records_are_input_errors(make_index, record, field):
+    hg = make_index()
+    with pytest.raises(InputError, match=field):
+        hg.add_documents([record])
+    assert hg.stats()["documents"] == 0
+
+
+# ------------------------------------------------------------------ chunking
+def test_long_document_is_chunked_with_exact_offsets(make_index, sample_docs):
+    config = index_config(chunk=ChunkConfig(max_tokens=40, overlap=8))
+    hg = make_index(config=config)
+    text = "\n\n".join(d["text"] for d in sample_docs[:4]) + "\n"
+    doc = {"id": "long", "title": "Four journals", "text": text}
+    report = hg.add_documents([doc, sample_docs[5]])
+    rows = hg.store.con.execute("""SELECT p.ordinal, p.start_char, p.end_char, p.text, p.title
+        FROM passages p JOIN documents d ON d.id = p.doc_id WHERE d.key = 'long' ORDER BY p.ordinal""").fetchall()
+    assert len(rows) >= 4 and report.passages == len(rows) + 1
+    assert [r[0] for r in rows] == list(range(len(rows)))
+    for _, start, end, passage, title in rows:
+        assert passage == text[start:end] and passage == passage.strip()
+        assert len(_TOKEN.findall(passage)) <= 40
+        assert title == "Four journals"
+    assert rows[0][1] == 0 and rows[-1][2] == len(text.rstrip())
+    for prev, nxt in zip(rows, rows[1:], strict=False):
+        assert prev[1] < nxt[1] < prev[2]  # moving forward, overlapping
+    # a sentence only the last passage holds is retrieved from that passage
+    last = rows[-1][3]
+    hits = hg.retrieve(last, k=1)
+    assert hits[0].doc_id == "long" and hits[0].text == last
+    check_consistency(hg)
+    # a shorter version replaces all old passages (and their vectors)
+    report = hg.add_documents([dict(doc, text=sample_docs[6]["text"])])
+    assert report.replaced == 1 and 1 < report.passages < len(rows)
+    assert hg.store.con.execute("""SELECT count(*) FROM passages p JOIN documents d
+        ON d.id = p.doc_id WHERE d.key = 'long'""").fetchall()[0][0] == report.passages
+    assert not {r[3] for r in rows} & _passage_texts(hg)
+    check_consistency(hg)
+
+
+# ------------------------------------------------------------------ failed batches
+class FailingExtractor:
+    """The real spaCy extractor, failing on any passage of a document whose id is in ``fail_on``."""
+
+    def __init__(self, fail_on: set[str]):
+        self.inner = SpacyExtractor()
+        self.name = self.inner.name
+        self.fail_on = fail_on
+
+    def extract(self, chunks: Sequence[Chunk]) -> list[Extraction]:
+        for chunk in chunks:
+            if chunk.doc_id in self.fail_on:
+                raise ExtractionError(f"cannot extract document {chunk.doc_id!r}")
+        return self.inner.extract(chunks)
+
+
+class WrongDimensionEmbedder:
+    """The real embedder, returning one column too few for calls that include a marked text: the
+    failure then comes from DuckDB in the middle of the write transaction."""
+
+    def __init__(self, inner, marker: str):
+        self.inner = inner
+        self.name = inner.name
+        self.dimension = inner.dimension
+        self.marker = marker
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        vectors = self.inner.embed(texts)
+        if any(self.marker in t for t in texts):
+            return np.ascontiguousarray(vectors[:, :-1])
+        return vectors
+
+
+def test_failed_extraction_batch_leaves_the_index_as_after_the_first_batch(make_index, inline_docs):
+    hg = make_index()
+    hg.indexer._extractor = FailingExtractor({"tennessee"})
+    docs = inline_docs[:4] + [dict(inline_docs[0], text=inline_docs[0]["text"] + " It is widely cited.")] \
+        + inline_docs[9:12]
+    with pytest.raises(ExtractionError, match="tennessee"):
+        hg.add_documents(docs, batch_size=4)
+    reference = make_index("reference")
+    reference.add_documents(inline_docs[:4])
+    assert_same_index(dump_index(hg), dump_index(reference))
+    assert hg.store.meta_get("generation") == 1
+    check_consistency(hg)
+    # re-running without the failure resumes: the first batch is unchanged, the rest is added;
+    # the result equals the same run on the index that never saw the failure
+    hg.indexer._extractor = None
+    for index in (hg, reference):
+        report = index.add_documents(docs, batch_size=4)
+        assert (report.added, report.replaced, report.unchanged) == (3, 1, 4)
+    assert_same_index(dump_index(hg), dump_index(reference))
+
+
+def test_failure_inside_the_write_transaction_rolls_back(make_index, embedder, inline_docs):
+    hg = make_index(embedder=WrongDimensionEmbedder(embedder, marker="BOOM"))
+    hg.add_documents(inline_docs[:4])
+    before = dump_index(hg)
+    meta = hg.store.meta_all()
+    bad_batch = [
+        dict(inline_docs[0], text="The Journal of Psychotherapy Integration moved to Springer."),  # replaces
+        inline_docs[5],
+        {"id": "boom", "title": "BOOM", "text": "BOOM is a word that appears in comics."},
+    ]
+    with pytest.raises(Exception) as err:  # a DuckDB conversion error, mid-transaction
+        hg.add_documents(bad_batch)
+    assert dump_index(hg) == before
+    assert hg.store.meta_all() == meta  # id counters and generation rolled back too
+    check_consistency(hg)
+    # the handle is still usable afterwards
+    report = hg.add_documents(bad_batch[:2])
+    assert (report.added, report.replaced) == (1, 1)
+    check_consistency(hg)
+    fresh = make_index("fresh")
+    fresh.add_documents([bad_batch[0]] + inline_docs[1:4] + [inline_docs[5]])
+    assert_same_index(dump_index(hg), dump_index(fresh))
+    # the error raised is the real cause (the vector that does not fit), not a follow-up error
+    message = str(err.value)
+    assert "aborted" not in message and re.search(r"\b38[34]\b", message), message

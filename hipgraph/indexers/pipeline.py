@@ -6,6 +6,8 @@ at most the batch in flight, and re-adding the same documents resumes (unchanged
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import logging
 import time
@@ -234,6 +236,7 @@ class Indexer:
                     [fact_text(s, r, o) for s, r, o, kind in batch.new_facts if kind == "triple"])
             self._write(batch, batch.report)
         report.merge(batch.report)
+        _release_freed_memory()
         if progress:
             progress(seen)
 
@@ -413,3 +416,19 @@ def _timed(report: IndexReport, stage: str):
         yield
     finally:
         report.seconds[stage] = report.seconds.get(stage, 0.0) + time.perf_counter() - t0
+
+
+def _release_freed_memory() -> None:
+    """Hand memory freed by a batch back to the OS (glibc keeps it otherwise; peak RSS grows)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc.malloc_trim
+    except (OSError, AttributeError):
+        return None

@@ -12,10 +12,17 @@ Two measurements, each in a fresh subprocess of this script so that neither dist
    per-stage seconds from ``IndexReport.seconds``, passages/s, the process's own peak RSS
    (``ru_maxrss``), ``hg.stats()`` and what was embedded.
 
-Targets are reported as PASS/FAIL only; a missed target never changes the exit status.
+Stage timers may overlap (extraction of the next batch runs in a worker thread while the current
+one is embedded), so stage seconds can add up to more than the wall time; the table says so.
+Rates on a small shared machine drop sharply when other processes use the CPU: every timed part
+reports its own CPU use and that of other processes (from ``/proc/stat``) and flags a shared run.
+
+Targets are reported as PASS/FAIL only; a missed target never changes the exit status (a crashed
+subprocess gives 1).
 
     python benchmarks/index_throughput.py --limit 300
     python benchmarks/index_throughput.py --json > result.json
+    python benchmarks/index_throughput.py --limit 500 --no-reference --profile /tmp/add.pstats
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from functools import lru_cache
@@ -70,6 +71,9 @@ class MiniLMEmbedder:
 
     # ------------------------------------------------------------------ loading
     def _load(self) -> None:
+        # oneDNN caches kernels per input shape; unbounded, the cache grows the process by hundreds
+        # of MB over a long indexing run (read when oneDNN first runs, so set before loading)
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
         import torch  # noqa: PLC0415 - heavy import deferred to first use
         from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415
 

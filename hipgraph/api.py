@@ -21,6 +21,8 @@ from hipgraph.types import Document, Hit, IndexReport
 logger = logging.getLogger(__name__)
 
 RETRIEVAL_MODES = ("dense",)
+# config parts an existing index keeps (extractor, vectors and batch_size may change per session)
+_GRAPH_DEFINING = ("chunk", "synonyms")
 
 
 def open(  # noqa: A001 - the package's entry point, used as hipgraph.open(...)
@@ -60,6 +62,12 @@ class HipGraph:
                 raise ConfigError(
                     f"index {path} was built with embedder {built!r} "
                     f"({saved.embedder}); a different embedder config cannot be used with it")
+            for part in _GRAPH_DEFINING:  # these shape the stored graph: changing them mid-index
+                if config is not None and getattr(config, part) != getattr(saved, part):
+                    self.store.close()
+                    raise ConfigError(
+                        f"index {path} was built with {part} = {getattr(saved, part)}; "
+                        f"it cannot be reopened with {getattr(config, part)} (rebuild the index)")
             self.config = saved if config is None else config
         else:
             self.config = config or IndexConfig()

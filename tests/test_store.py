@@ -114,6 +114,14 @@ def test_config_round_trip_on_reopen(tmp_path, embedder, inline_docs):
     assert renamed.name != embedder.name
     with pytest.raises(ConfigError, match="minilm:all-MiniLM-L6-v2"):
         hipgraph.open(path, embedder=renamed)
+    # chunking and the synonym rule shape the stored graph: they cannot change on reopen
+    for part, value in (("chunk", ChunkConfig(max_tokens=60, overlap=5)),
+                        ("synonyms", SynonymConfig(threshold=0.7, max_neighbors=5))):
+        with pytest.raises(ConfigError, match=f"built with {part} ="):
+            hipgraph.open(path, config=config.replace(**{part: value}), embedder=embedder)
+    # while the batch size may
+    with hipgraph.open(path, config=config.replace(batch_size=11), embedder=embedder) as hg:
+        assert hg.config.batch_size == 11
     # the refused opens released the database
     with hipgraph.open(path, embedder=embedder) as hg:
         assert hg.stats()["documents"] == 2

@@ -35,7 +35,7 @@ demo: $(STAMP)
 	$(VENV)/bin/hipgraph query --db $(DEMO_DB) "$(QUESTION)" -k 5
 
 test: $(DEV_STAMP)
-	$(VENV)/bin/ruff check hipgraph tests benchmarks
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 bench: $(DEV_STAMP)

@@ -51,47 +51,49 @@ class HipGraph:
     def __init__(self, path: Path, *, create: bool, read_only: bool, config: IndexConfig | None,
                  extractor: ExtractorConfig | None, embedder: Embedder | None):
         self.path = path
-        self.store: GraphStore | None = None
-        db_exists = GraphStore.has_index(path)
-        if db_exists:
-            self.store = GraphStore.open(path, read_only=read_only)
-            saved = IndexConfig.from_dict(self.store.meta_get("config"))
-            built = self.store.meta_get("embedder")
-            if config is not None and config.embedder != saved.embedder:
-                self.store.close()
-                raise ConfigError(
-                    f"index {path} was built with embedder {built!r} "
-                    f"({saved.embedder}); a different embedder config cannot be used with it")
-            for part in _GRAPH_DEFINING:  # these shape the stored graph: changing them mid-index
-                if config is not None and getattr(config, part) != getattr(saved, part):
-                    self.store.close()
-                    raise ConfigError(
-                        f"index {path} was built with {part} = {getattr(saved, part)}; "
-                        f"it cannot be reopened with {getattr(config, part)} (rebuild the index)")
-            self.config = saved if config is None else config
-        else:
-            self.config = config or IndexConfig()
-        if extractor is not None:
-            self.config = self.config.replace(extractor=extractor)
+        self.config = (config or IndexConfig()).replace(
+            **({"extractor": extractor} if extractor is not None else {}))
         self._embedder = embedder
-        if not db_exists:
+
+        def new_schema() -> tuple[int, dict[str, Any]]:
             emb = self.embedder
-            meta = {
-                "config": self.config.to_dict(),
-                "embedder": emb.name,
-                "extractor": self.config.extractor.name,
-            }
-            self.store = GraphStore.open(path, create=create, read_only=read_only,
-                                         dimension=emb.dimension, meta=meta)
-        elif embedder is not None and embedder.name != built:
-            self.store.close()
-            raise ConfigError(f"index {path} was built with embedder {built!r}, not {embedder.name!r}")
+            return emb.dimension, {"config": self.config.to_dict(), "embedder": emb.name,
+                                   "extractor": self.config.extractor.name}
+
+        self.store = GraphStore.open(path, create=create, read_only=read_only, new_schema=new_schema)
+        if not self.store.created:
+            try:
+                self._adopt_saved_config(config, extractor, embedder)
+            except BaseException:
+                self.store.close()
+                raise
         try:
             self.vectors = VectorSet(self.store, self.config.vectors).open()
         except BaseException:
             self.store.close()
             raise
         self._indexer: Indexer | None = None
+
+    def _adopt_saved_config(self, config: IndexConfig | None, extractor: ExtractorConfig | None,
+                            embedder: Embedder | None) -> None:
+        """Reopening: the saved config wins; a given one may differ only in per-session parts."""
+        saved = IndexConfig.from_dict(self.store.meta_get("config"))
+        built = self.store.meta_get("embedder")
+        path = self.path
+        if config is not None and config.embedder != saved.embedder:
+            raise ConfigError(
+                f"index {path} was built with embedder {built!r} "
+                f"({saved.embedder}); a different embedder config cannot be used with it")
+        for part in _GRAPH_DEFINING:  # these shape the stored graph: changing them mid-index
+            if config is not None and getattr(config, part) != getattr(saved, part):
+                raise ConfigError(
+                    f"index {path} was built with {part} = {getattr(saved, part)}; "
+                    f"it cannot be reopened with {getattr(config, part)} (rebuild the index)")
+        if embedder is not None and embedder.name != built:
+            raise ConfigError(f"index {path} was built with embedder {built!r}, not {embedder.name!r}")
+        self.config = saved if config is None else config
+        if extractor is not None:
+            self.config = self.config.replace(extractor=extractor)
 
     # ------------------------------------------------------------------ backends
     @property

@@ -105,7 +105,7 @@ def _progress_bar(total: int, quiet: bool, desc: str):
                 dynamic_ncols=True, smoothing=0.1)
 
 
-def _extractor_config(args: argparse.Namespace, base):
+def _extractor_config(args: argparse.Namespace):
     from hipgraph.config import ChatConfig, ExtractorConfig  # noqa: PLC0415
 
     if args.extractor is None:
@@ -155,7 +155,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     for record in records:  # and checks every record's fields, so bad input writes nothing
         with contextlib.suppress(SkippedRecord):  # counted and reported by add_documents
             to_document(record, where=record["_where"])
-    extractor = _extractor_config(args, None)
+    extractor = _extractor_config(args)
     from hipgraph.store.database import GraphStore  # noqa: PLC0415
 
     exists = GraphStore.has_index(args.db)

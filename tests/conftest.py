@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,21 @@ def embedder():
     from hipgraph.models.embedders import MiniLMEmbedder
 
     return MiniLMEmbedder(EmbedderConfig(precision="fp32"))
+
+
+def build_template(tmp_path_factory, embedder, name: str, docs: list[dict[str, Any]]) -> Path:
+    """Build an index of ``docs`` once (fp32 config saved in it) for tests to copy."""
+    path = tmp_path_factory.mktemp(f"{name}-template") / name
+    with hipgraph.open(path, create=True, config=index_config(), embedder=embedder) as hg:
+        hg.add_documents(docs)
+    return path
+
+
+def copy_index(template: Path, tmp_path: Path) -> Path:
+    """A fresh, closed copy of a template index folder inside ``tmp_path``."""
+    path = tmp_path / template.name
+    shutil.copytree(template, path)
+    return path
 
 
 @pytest.fixture

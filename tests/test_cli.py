@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,9 +17,10 @@ from conftest import (
     REPO,
     SHARED_BUNDLE,
     assert_same_index,
+    build_template,
     check_consistency,
+    copy_index,
     dump_index,
-    index_config,
     run_cli,
 )
 
@@ -40,18 +40,13 @@ def _json_out(proc) -> dict:
 
 @pytest.fixture(scope="module")
 def base_index_template(tmp_path_factory, embedder):
-    """An index of three inline documents, built through the API (fp32 config saved in it)."""
-    path = tmp_path_factory.mktemp("cli-template") / "base"
-    with hipgraph.open(path, create=True, config=index_config(), embedder=embedder) as hg:
-        hg.add_documents(INLINE_DOCS[:3])
-    return path
+    """An index of three inline documents, built through the API."""
+    return build_template(tmp_path_factory, embedder, "base", INLINE_DOCS[:3])
 
 
 @pytest.fixture
 def base_index(tmp_path, base_index_template):
-    path = tmp_path / "base"
-    shutil.copytree(base_index_template, path)
-    return path
+    return copy_index(base_index_template, tmp_path)
 
 
 # ------------------------------------------------------------------ happy paths

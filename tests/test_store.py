@@ -4,7 +4,6 @@ errors, read-only opens, FAISS repair on open, atomic saves, and the FAISS index
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -12,7 +11,15 @@ import textwrap
 import duckdb
 import numpy as np
 import pytest
-from conftest import INLINE_DOCS, check_consistency, dump_index, faiss_on_disk, index_config
+from conftest import (
+    INLINE_DOCS,
+    build_template,
+    check_consistency,
+    copy_index,
+    dump_index,
+    faiss_on_disk,
+    index_config,
+)
 
 import hipgraph
 from hipgraph.config import ChunkConfig, EmbedderConfig, SynonymConfig, VectorIndexConfig
@@ -44,18 +51,13 @@ EXPECTED_COLUMNS = {
 
 @pytest.fixture(scope="module")
 def small_index_template(tmp_path_factory, embedder):
-    path = tmp_path_factory.mktemp("template") / "small"
-    with hipgraph.open(path, create=True, config=index_config(), embedder=embedder) as hg:
-        hg.add_documents(INLINE_DOCS[:8])
-    return path
+    return build_template(tmp_path_factory, embedder, "small", INLINE_DOCS[:8])
 
 
 @pytest.fixture
 def small_index(tmp_path, small_index_template):
     """A closed index folder (a fresh copy per test) holding the first 8 inline documents."""
-    path = tmp_path / "small"
-    shutil.copytree(small_index_template, path)
-    return path
+    return copy_index(small_index_template, tmp_path)
 
 
 # ------------------------------------------------------------------ schema and meta

@@ -205,12 +205,12 @@ def update_synonyms(
     if crossed_down:  # linkable again: find all their neighbours in the new state
         down_ids, down_vectors = store.read_vectors("entity", np.asarray(sorted(crossed_down)))
         found = entity_index.range_search(down_vectors, thr)
-        for b, (ids, scores) in zip(down_ids.tolist(), found, strict=True):
+        for row, (b, (ids, scores)) in enumerate(zip(down_ids.tolist(), found, strict=True)):
             for c, score in zip(ids.tolist(), scores.tolist(), strict=True):
                 if c != b and c not in removed_set:
                     pairs[(min(b, c), max(b, c))] = float(score)
             if len(new_list):
-                sims = new_vectors @ down_vectors[down_ids.tolist().index(b)]
+                sims = new_vectors @ down_vectors[row]
                 for j in np.nonzero(sims >= thr)[0].tolist():
                     n = new_list[j]
                     pairs[(min(b, n), max(b, n))] = float(sims[j])

@@ -237,12 +237,7 @@ def _push_row(indptr, indices, w, outw, seeds, seedw, damping, eps, p, res, inq)
         res[s] += seedw[t]
         if inq[s] == 0:
             inq[s] = 1
-            if tail == q.size:
-                q = _grow(q, head, tail)
-                tail -= head
-                head = 0
-            q[tail] = s
-            tail += 1
+            q, head, tail = _enqueue(q, head, tail, s)
     pushes = 0
     while head < tail:
         u = q[head]
@@ -280,18 +275,24 @@ def _push_row(indptr, indices, w, outw, seeds, seedw, damping, eps, p, res, inq)
                 thr = eps * outw[v] if outw[v] > 0.0 else eps
                 if res[v] > thr:
                     inq[v] = 1
-                    if tail == q.size:
-                        q = _grow(q, head, tail)
-                        tail -= head
-                        head = 0
-                    q[tail] = v
-                    tail += 1
+                    q, head, tail = _enqueue(q, head, tail, v)
     total = 0.0
     for t in range(nt):
         total += p[touched[t]]
     for t in range(nt):
         p[touched[t]] /= total
     return pushes
+
+
+@njit(cache=True)
+def _enqueue(q, head, tail, v):
+    """Append ``v`` to the FIFO ``q[head:tail]``, compacting into a larger array when full."""
+    if tail == q.size:
+        q = _grow(q, head, tail)
+        tail -= head
+        head = 0
+    q[tail] = v
+    return q, head, tail + 1
 
 
 @njit(cache=True)

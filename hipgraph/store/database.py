@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,19 @@ from hipgraph.store.schema import ID_KINDS, SCHEMA_VERSION, VECTOR_KINDS, ddl
 logger = logging.getLogger(__name__)
 
 DB_FILENAME = "graph.duckdb"
+
+
+def _connect(root: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
+    """Connect to ``root``'s database, turning DuckDB's lock conflict into IndexLockedError."""
+    db_path = root / DB_FILENAME
+    try:
+        return duckdb.connect(str(db_path), read_only=read_only)
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            raise _lock_error(root, exc) from exc
+        raise StoreError(f"cannot open {db_path}: {exc}") from exc
+    except duckdb.Error as exc:
+        raise StoreError(f"cannot open {db_path}: {exc}") from exc
 
 
 def _lock_error(path: Path, exc: Exception) -> IndexLockedError:
@@ -47,34 +60,29 @@ class GraphStore:
         self.root = root
         self.con = con
         self.read_only = read_only
+        self.created = False  # True when this open created the schema
         self._in_tx = False
 
     # ------------------------------------------------------------------ opening
     @staticmethod
     def has_index(root: str | Path) -> bool:
-        """True when ``root`` holds a database with the hipgraph schema committed.
-
-        A database file without tables (a creation interrupted before its first commit) does not
-        count, so the next ``create=True`` completes it.
+        """True when ``root`` holds a database with tables (a hipgraph schema, or a foreign one
+        that :meth:`open` will refuse). A database file without tables, left by a creation
+        interrupted before its first commit, does not count: the next ``create=True`` completes it.
         """
-        db_path = Path(root) / DB_FILENAME
-        if not db_path.exists():
+        root = Path(root)
+        if not (root / DB_FILENAME).exists():
             return False
         try:
-            con = duckdb.connect(str(db_path), read_only=True)
-        except duckdb.IOException as exc:
-            if "lock" in str(exc).lower():
-                raise _lock_error(Path(root), exc) from exc
-            raise StoreError(f"cannot open {db_path}: {exc}") from exc
-        except duckdb.ConnectionException:
-            return True  # already open in this process under another configuration
-        except duckdb.Error as exc:
-            raise StoreError(f"cannot open {db_path}: {exc}") from exc
+            con = _connect(root, read_only=True)
+        except StoreError as exc:
+            if isinstance(exc.__cause__, duckdb.ConnectionException):
+                return True  # already open in this process under another configuration
+            raise
         try:
-            tables = con.execute("SELECT count(*) FROM information_schema.tables").fetchall()[0][0]
+            return bool(con.execute("SELECT count(*) FROM information_schema.tables").fetchall()[0][0])
         finally:
             con.close()
-        return bool(tables)
 
     @classmethod
     def open(
@@ -83,13 +91,14 @@ class GraphStore:
         *,
         create: bool = False,
         read_only: bool = False,
-        dimension: int | None = None,
-        meta: dict[str, Any] | None = None,
+        new_schema: Callable[[], tuple[int, dict[str, Any]]] | None = None,
     ) -> GraphStore:
-        """Open (or with ``create=True`` and no database yet, create) the index at ``root``.
+        """Open the index at ``root``; with ``create=True`` make it when it holds none yet.
 
-        ``dimension`` and ``meta`` are needed only when creating. Raises
-        :class:`IndexNotFoundError`, :class:`IndexLockedError`, :class:`SchemaVersionError`.
+        ``new_schema()`` gives ``(dimension, meta)`` and is called only when the schema is
+        created (a missing database, or one left without tables by an interrupted creation);
+        :attr:`created` tells which happened. Raises :class:`IndexNotFoundError`,
+        :class:`IndexLockedError`, :class:`SchemaVersionError`.
         """
         root = Path(root)
         db_path = root / DB_FILENAME
@@ -103,27 +112,25 @@ class GraphStore:
         if root.exists() and not root.is_dir():
             raise StoreError(f"{root} exists and is not a folder")
         root.mkdir(parents=True, exist_ok=True)
-        try:
-            con = duckdb.connect(str(db_path), read_only=read_only)
-        except duckdb.IOException as exc:
-            if "lock" in str(exc).lower():
-                raise _lock_error(root, exc) from exc
-            raise StoreError(f"cannot open {db_path}: {exc}") from exc
-        except duckdb.Error as exc:
-            raise StoreError(f"cannot open {db_path}: {exc}") from exc
+        con = _connect(root, read_only=read_only)
         store = cls(root, con, read_only=read_only)
         try:
             if not store._has_schema():
-                if read_only:
+                if read_only or not create or store._table_count():
                     raise StoreError(f"{db_path} holds no hipgraph schema")
-                if dimension is None:
-                    raise StoreError(f"{db_path} holds no hipgraph schema and no dimension was given")
-                store._create_schema(dimension, meta or {})
+                if new_schema is None:
+                    raise StoreError(f"{db_path} holds no hipgraph schema and none was given")
+                dimension, meta = new_schema()
+                store._create_schema(dimension, meta)
+                store.created = True
             store._check_version()
         except BaseException:
             con.close()
             raise
         return store
+
+    def _table_count(self) -> int:
+        return int(self.con.execute("SELECT count(*) FROM information_schema.tables").fetchall()[0][0])
 
     def _has_schema(self) -> bool:
         rows = self.con.execute(

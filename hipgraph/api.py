@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from hipgraph import registry
-from hipgraph.config import ExtractorConfig, IndexConfig
+from hipgraph.config import ExtractorConfig, IndexConfig, RetrievalConfig
 from hipgraph.errors import ConfigError, StoreError
 from hipgraph.indexers.extract_base import Extractor
 from hipgraph.indexers.pipeline import Indexer, Progress
 from hipgraph.models.base import Embedder
+from hipgraph.query.engine import MODES, Retriever
 from hipgraph.store.database import GraphStore
 from hipgraph.store.llm_cache import DuckDBResponseCache
 from hipgraph.store.vector_set import VectorSet
@@ -20,7 +21,7 @@ from hipgraph.types import Document, Hit, IndexReport
 
 logger = logging.getLogger(__name__)
 
-RETRIEVAL_MODES = ("dense",)
+RETRIEVAL_MODES = MODES
 # config parts an existing index keeps (extractor, vectors and batch_size may change per session)
 _GRAPH_DEFINING = ("chunk", "synonyms")
 
@@ -33,24 +34,28 @@ def open(  # noqa: A001 - the package's entry point, used as hipgraph.open(...)
     config: IndexConfig | None = None,
     extractor: ExtractorConfig | None = None,
     embedder: Embedder | None = None,
+    retrieval: RetrievalConfig | None = None,
 ) -> HipGraph:
     """Open the index folder ``path`` (``create=True`` makes it when absent).
 
     A new index saves ``config`` (defaults otherwise) and the resolved backend names; reopening
     restores them. ``extractor`` overrides the saved extractor for this session's writes (each fact
     records which extractor produced it). ``embedder`` passes a ready backend instance, which must
-    match the one the index was built with.
+    match the one the index was built with. ``retrieval`` sets this session's query-time
+    defaults (not saved with the index).
     """
     return HipGraph(Path(path), create=create, read_only=read_only, config=config,
-                    extractor=extractor, embedder=embedder)
+                    extractor=extractor, embedder=embedder, retrieval=retrieval)
 
 
 class HipGraph:
     """One open index: add/delete documents, statistics, retrieval."""
 
     def __init__(self, path: Path, *, create: bool, read_only: bool, config: IndexConfig | None,
-                 extractor: ExtractorConfig | None, embedder: Embedder | None):
+                 extractor: ExtractorConfig | None, embedder: Embedder | None,
+                 retrieval: RetrievalConfig | None = None):
         self.path = path
+        self.retrieval = retrieval or RetrievalConfig()
         self.config = (config or IndexConfig()).replace(
             **({"extractor": extractor} if extractor is not None else {}))
         self._embedder = embedder
@@ -73,6 +78,7 @@ class HipGraph:
             self.store.close()
             raise
         self._indexer: Indexer | None = None
+        self._retriever: Retriever | None = None
 
     def _adopt_saved_config(self, config: IndexConfig | None, extractor: ExtractorConfig | None,
                             embedder: Embedder | None) -> None:
@@ -145,22 +151,28 @@ class HipGraph:
         """Counts: documents, passages, entities, facts and edges by type."""
         return self.store.stats()
 
-    def retrieve(self, question: str, k: int = 5, mode: str = "dense") -> list[Hit]:
-        """Top-``k`` passages for ``question``."""
-        return self.retrieve_many([question], k=k, mode=mode)[0]
+    @property
+    def retriever(self) -> Retriever:
+        if self._retriever is None:
+            self._retriever = Retriever(self.store, self.vectors, lambda: self.embedder,
+                                        self.config.extractor.spacy_model, self.retrieval)
+        return self._retriever
 
-    def retrieve_many(self, questions: Sequence[str], k: int = 5, mode: str = "dense") -> list[list[Hit]]:
-        """Top-``k`` passages per question, with one embedding call for all of them."""
-        from hipgraph.query.dense import dense_search  # noqa: PLC0415
+    def retrieve(self, question: str, k: int = 5, mode: str = "graph",
+                 config: RetrievalConfig | None = None) -> list[Hit]:
+        """Top-``k`` passages for ``question``; ``mode`` is graph | dense | bm25 | hybrid.
 
-        if mode not in RETRIEVAL_MODES:
-            raise ConfigError(f"unknown retrieval mode {mode!r}; available: {', '.join(RETRIEVAL_MODES)}")
-        if k < 1:
-            raise ConfigError(f"k must be >= 1, got {k}")
-        if isinstance(questions, str):
-            raise ConfigError("retrieve_many takes a list of questions, not one string")
-        vectors = self.embedder.embed(list(questions))
-        return dense_search(self.store, self.vectors, vectors, k)
+        Each hit's ``why`` says how it was found (graph: seed facts and entities, the strongest
+        seed-to-passage path, its PPR mass). ``config`` overrides this session's retrieval settings.
+        """
+        if not isinstance(question, str):
+            raise ConfigError(f"question must be a string, got {type(question).__name__}")
+        return self.retrieve_many([question], k=k, mode=mode, config=config)[0]
+
+    def retrieve_many(self, questions: Sequence[str], k: int = 5, mode: str = "graph",
+                      config: RetrievalConfig | None = None) -> list[list[Hit]]:
+        """Top-``k`` passages per question: one embedding call and one batched PPR for all."""
+        return self.retriever.retrieve_many(questions, k, mode, config)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -71,16 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(p)
     p.add_argument("question")
     p.add_argument("-k", type=int, default=5)
-    p.add_argument("--mode", default="dense", help="retrieval mode (dense)")
+    p.add_argument("--mode", default="graph", choices=_modes(),
+                   help="graph (default: facts and question entities seed a personalized PageRank), "
+                        "dense, bm25 or hybrid (reciprocal-rank fusion)")
     _add_output(p)
     p.set_defaults(func=cmd_query)
 
-    p = sub.add_parser("eval", help="retrieval recall@k on a QA bundle indexed with its corpus idx as ids")
+    p = sub.add_parser("eval", help="retrieval recall@k per mode on a QA bundle (indexes its corpus "
+                                    "when the index is empty, with ids str(idx))")
     _add_db(p)
     p.add_argument("bundle", type=Path, help="bundle JSON with 'questions' (gold_idx) and 'corpus'")
-    p.add_argument("--mode", default="dense")
-    p.add_argument("--k", default="2,5,10", help="comma-separated cut-offs")
+    p.add_argument("--modes", default="graph,dense,bm25",
+                   help=f"comma-separated modes among {', '.join(_modes())}")
+    p.add_argument("--mode", dest="modes", help=argparse.SUPPRESS)  # single-mode alias
+    p.add_argument("--k", default="1,2,5,10", help="comma-separated cut-offs")
     p.add_argument("--limit", type=int, default=None, help="first N questions")
+    p.add_argument("--out", type=Path, default=None, help="write per-question rankings as JSONL")
     _add_output(p)
     p.set_defaults(func=cmd_eval)
 
@@ -89,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(p)
     p.set_defaults(func=cmd_stats)
     return parser
+
+
+def _modes() -> tuple[str, ...]:
+    from hipgraph.query.engine import MODES  # noqa: PLC0415
+
+    return MODES
 
 
 def _version() -> str:
@@ -196,37 +208,73 @@ def cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cutoffs(text: str) -> list[int]:
+    try:
+        cutoffs = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError as exc:
+        raise InputError(f"--k must be comma-separated integers, got {text!r}") from exc
+    if not cutoffs or cutoffs[0] < 1:
+        raise InputError(f"--k cut-offs must be integers >= 1, got {text!r}")
+    return cutoffs
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     import hipgraph  # noqa: PLC0415
+    from hipgraph.evaluation import evaluate, load_bundle  # noqa: PLC0415
+    from hipgraph.store.database import GraphStore  # noqa: PLC0415
 
-    try:
-        bundle = json.loads(args.bundle.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"cannot read bundle: {exc}", source=str(args.bundle)) from exc
-    questions = bundle.get("questions") if isinstance(bundle, dict) else None
-    if not isinstance(questions, list):
-        raise InputError('bundle has no "questions" list', source=str(args.bundle))
-    questions = [q for q in questions if q.get("gold_idx")][: args.limit]
-    cutoffs = sorted({int(x) for x in args.k.split(",") if x.strip()})
+    bundle = load_bundle(args.bundle)
+    cutoffs = _cutoffs(args.k)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in _modes()]
+    if unknown or not modes:
+        raise InputError(f"unknown mode(s) {unknown or modes}; available: {', '.join(_modes())}")
+    questions = bundle["questions"][: args.limit]
+    if not GraphStore.has_index(args.db) or _is_empty(args.db):
+        corpus = bundle.get("corpus") or []
+        if not corpus:
+            raise InputError("the index is empty and the bundle has no corpus to index",
+                             source=str(args.bundle))
+        records = [{"id": str(c.get("idx", i)), "title": c.get("title", ""), "text": c.get("text", ""),
+                    "_where": f"{args.bundle}: corpus[{i}]"} for i, c in enumerate(corpus)]
+        with hipgraph.open(args.db, create=True) as hg, \
+                _progress_bar(len(records), args.quiet, "indexing") as bar:
+            hg.add_documents(records, progress=bar.update)
     with hipgraph.open(args.db, read_only=True) as hg:
-        t0 = time.perf_counter()
-        results = hg.retrieve_many([q["question"] for q in questions], k=max(cutoffs), mode=args.mode)
-        elapsed = time.perf_counter() - t0
-    recall = {}
-    for k in cutoffs:
-        per_q = []
-        for q, hits in zip(questions, results, strict=True):
-            gold = {str(g) for g in q["gold_idx"]}
-            found = {h.doc_id for h in hits[:k]}
-            per_q.append(len(gold & found) / len(gold))
-        recall[f"recall@{k}"] = round(100 * sum(per_q) / max(1, len(per_q)), 2)
-    out = {"mode": args.mode, "questions": len(questions), **recall,
-           "ms_per_query": round(1000 * elapsed / max(1, len(questions)), 2)}
+        results = evaluate(hg, questions, modes, cutoffs)
+    scored = [q for q in questions if q.get("gold_idx")]
+    if args.out:
+        with args.out.open("w", encoding="utf-8") as fh:
+            for i, q in enumerate(scored):
+                row = {"id": q.get("id", i), "question": q["question"],
+                       "gold": [str(g) for g in q["gold_idx"]],
+                       "rankings": {r.mode: r.rankings[i] for r in results}}
+                fh.write(json.dumps(row) + "\n")
+    out = {"bundle": str(args.bundle), "questions": len(scored),
+           "results": [r.to_dict() for r in results]}
     if args.json:
         print(json.dumps(out, indent=2))
-    else:
-        print("  ".join(f"{k}={v}" for k, v in out.items()))
+        return 0
+    print(f"{len(scored)} questions with gold passages in {args.bundle}")
+    header = "mode     " + "".join(f"  R@{k:<4d}" for k in cutoffs) + "   ms/q"
+    print(header)
+    for r in results:
+        print(f"{r.mode:8s} " + "".join(f"  {r.recall[k]:6.2f}" for k in cutoffs)
+              + f"  {r.ms_per_query:6.1f}")
+        for g, rec in r.by_hops.items():
+            print(f"  {g:6s} " + "".join(f"  {rec[k]:6.2f}" for k in cutoffs)
+                  + f"   (n={r.hop_counts[g]})")
     return 0
+
+
+def _is_empty(db: Path) -> bool:
+    from hipgraph.store.database import GraphStore  # noqa: PLC0415
+
+    store = GraphStore.open(db, read_only=True)
+    try:
+        return store.stats()["documents"] == 0
+    finally:
+        store.close()
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

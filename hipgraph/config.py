@@ -164,6 +164,71 @@ class VectorIndexConfig:
 
 
 @dataclass(frozen=True)
+class GraphRetrievalConfig:
+    """Graph mode (HippoRAG-2 style): facts and question entities seed a personalized PageRank.
+
+    The question is matched to stored facts by cosine; the top ``fact_top_k`` facts give their
+    subject and object entities a seed weight of (min-max normalised fact score) / (number of
+    passages mentioning the entity), kept for the ``entity_top_k`` strongest entities. Named
+    entities and capitalised spans of the question are linked to entity nodes by name, or by
+    embedding when cosine >= ``link_threshold``, each seeded with ``link_weight`` / passages.
+    Every one of the ``passage_candidates`` best passages by dense score is seeded with
+    ``passage_weight`` x its min-max normalised score. PPR (``damping``) then ranks passages.
+    When no fact reaches ``min_fact_score`` and no question entity links, dense ranking is used.
+    """
+
+    fact_candidates: int = 64  # facts fetched from FAISS per question
+    fact_top_k: int = 5  # facts that seed entities
+    entity_top_k: int = 5  # strongest fact-seeded entities kept
+    min_fact_score: float = 0.65  # cosine below which a fact does not seed
+    fact_weight: float = 1.0  # scale of fact-seeded entity weights
+    link_question_entities: bool = True
+    link_threshold: float = 0.9  # cosine of a question span to an entity name
+    link_weight: float = 1.0
+    passage_weight: float = 0.02
+    passage_candidates: int = 1000  # best dense passages that get a seed (others 0)
+    damping: float = 0.5
+    ppr_method: str = "power"  # power (exact) | push (local approximation)
+    ppr_tol: float = 1e-7
+    ppr_eps: float = 1e-6  # push threshold
+    explain: bool = True  # attach seeds and the strongest seed-to-passage path to each hit
+
+    def __post_init__(self) -> None:
+        for name in ("fact_candidates", "fact_top_k", "entity_top_k", "passage_candidates"):
+            _check(getattr(self, name) >= 1, f"graph.{name} must be >= 1, got {getattr(self, name)}")
+        _check(self.fact_top_k <= self.fact_candidates, "graph.fact_top_k must be <= fact_candidates")
+        _check(-1.0 <= self.min_fact_score <= 1.0, "graph.min_fact_score must be in [-1, 1]")
+        _check(0.0 < self.link_threshold <= 1.0, "graph.link_threshold must be in (0, 1]")
+        _check(min(self.link_weight, self.passage_weight, self.fact_weight) >= 0,
+               "graph weights must be >= 0")
+        _check(0.0 < self.damping < 1.0, f"graph.damping must be in (0, 1), got {self.damping}")
+        _check(self.ppr_method in {"power", "push"},
+               f"graph.ppr_method must be power|push, got {self.ppr_method!r}")
+        _check(self.ppr_tol > 0 and self.ppr_eps > 0, "graph.ppr_tol and ppr_eps must be > 0")
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    """Query-time settings (not saved with the index; pass per ``open`` or per call)."""
+
+    graph: GraphRetrievalConfig = field(default_factory=GraphRetrievalConfig)
+    bm25_k1: float = 1.5
+    bm25_b: float = 0.75
+    rrf_k: int = 60  # hybrid: reciprocal-rank fusion constant
+    hybrid_modes: tuple[str, ...] = ("graph", "dense", "bm25")
+    fusion_depth: int = 100  # ranks each hybrid component contributes
+
+    def __post_init__(self) -> None:
+        _check(self.bm25_k1 > 0 and 0 <= self.bm25_b <= 1, "bm25_k1 must be > 0 and bm25_b in [0, 1]")
+        _check(self.rrf_k >= 1 and self.fusion_depth >= 1, "rrf_k and fusion_depth must be >= 1")
+        _check(bool(self.hybrid_modes) and set(self.hybrid_modes) <= {"graph", "dense", "bm25"},
+               f"hybrid_modes must be a non-empty subset of graph, dense, bm25: {self.hybrid_modes}")
+
+    def replace(self, **changes: Any) -> RetrievalConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
 class IndexConfig:
     """Everything an index is built with; saved in the index and restored on open."""
 

@@ -82,7 +82,7 @@ def test_index_bundle_then_stats_query_and_eval(tmp_path, sample_docs):
         keys = {r[0] for r in hg.store.con.execute("SELECT key FROM documents").fetchall()}
         assert keys == {"0", "2", "3", "6", "7", "10", "11"}
 
-    res = _json_out(run_cli("query", "--db", str(db), "--json", "-k", "3",
+    res = _json_out(run_cli("query", "--db", str(db), "--json", "-k", "3", "--mode", "dense",
                             "Which association publishes the Journal of Psychotherapy Integration?"))
     hits = res["hits"]
     assert len(hits) == 3 and res["mode"] == "dense"
@@ -91,10 +91,12 @@ def test_index_bundle_then_stats_query_and_eval(tmp_path, sample_docs):
     assert hits[0]["score"] >= hits[1]["score"] >= hits[2]["score"]
     assert hits[0]["doc_id"] == "6" and hits[0]["title"] == "Journal of Psychotherapy Integration"
     bad_k = run_cli("query", "--db", str(db), "-k", "0", "anything")
-    assert bad_k.returncode == 1 and "k must be >= 1" in bad_k.stderr
+    assert bad_k.returncode == 1 and "k must be an integer >= 1" in bad_k.stderr
 
     ev = _json_out(run_cli("eval", "--db", str(db), str(bundle), "--json", "--k", "2,5"))
-    assert ev["questions"] == 1 and 0 < ev["recall@5"] <= 100 and ev["recall@2"] <= ev["recall@5"]
+    assert ev["questions"] == 1 and [r["mode"] for r in ev["results"]] == ["graph", "dense", "bm25"]
+    for r in ev["results"]:
+        assert 0 < r["recall@5"] <= 100 and r["recall@2"] <= r["recall@5"]
 
 
 def test_index_jsonl_and_folder_then_rerun_is_a_no_op(tmp_path):

@@ -64,7 +64,7 @@ def test_add_builds_passages_entities_facts_and_all_edge_types(make_index, sampl
     for kind in ("passage", "entity", "fact"):
         _, vecs = hg.store.read_vectors(kind)
         assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
-    hits = hg.retrieve("Who is the editor of the Journal of Mathematical Physics?", k=3)
+    hits = hg.retrieve("Who is the editor of the Journal of Mathematical Physics?", k=3, mode="dense")
     assert [h.rank for h in hits] == [1, 2, 3] and hits[0].doc_id == "m0"
 
 
@@ -108,7 +108,7 @@ def test_changed_text_replaces_the_document(make_index, inline_docs):
     assert "bruno nachtergaele" in names
     assert "university of copenhagen" in names  # still mentioned by other documents
     check_consistency(hg)
-    hits = hg.retrieve("Who edits the Journal of Mathematical Physics?", k=1)
+    hits = hg.retrieve("Who edits the Journal of Mathematical Physics?", k=1, mode="dense")
     assert hits[0].doc_id == "jmp" and hits[0].text == new_text
     # a new title alone (same text) is a change too
     report = hg.add_documents([dict(old, text=new_text, title="J. Math. Phys.")])
@@ -255,7 +255,7 @@ def test_delete_removes_orphans_and_their_vectors_but_keeps_shared_entities(make
     assert not orphan_facts & set(hg.vectors.indexes["fact"].ids().tolist())
     assert not con.execute("""SELECT * FROM documents WHERE key IN ('jpi', 'np')""").fetchall()
     check_consistency(hg)
-    for hit in hg.retrieve("Nature Physics journal chief editor", k=5):
+    for hit in hg.retrieve("Nature Physics journal chief editor", k=5, mode="dense"):
         assert hit.doc_id not in gone_docs
     # deleting everything empties the index
     hg.delete_documents(survivors)
@@ -341,7 +341,7 @@ def test_long_document_is_chunked_with_exact_offsets(make_index, sample_docs):
         assert prev[1] < nxt[1] < prev[2]  # moving forward, overlapping
     # a sentence only the last passage holds is retrieved from that passage
     last = rows[-1][3]
-    hits = hg.retrieve(last, k=1)
+    hits = hg.retrieve(last, k=1, mode="dense")
     assert hits[0].doc_id == "long" and hits[0].text == last
     check_consistency(hg)
     # a shorter version replaces all old passages (and their vectors)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hipgraph.query.ppr import personalized_pagerank, to_csr
+from hipgraph.query.ppr import PPRGraph, personalized_pagerank, ppr, prepare_graph, to_csr
 
 igraph = pytest.importorskip("igraph")
 
@@ -202,3 +202,123 @@ def test_validation_errors():
         indptr.tolist(), indices.tolist(), [1] * len(indices), [1, 0, 0]
     )
     assert got.dtype == np.float64 and abs(got.sum() - 1) < 1e-12
+
+
+# --------------------------------------------------------------------------------------------
+# Prepared graphs
+# --------------------------------------------------------------------------------------------
+
+
+def test_prepared_graph_matches_one_shot():
+    rng = np.random.default_rng(5)
+    for spec in GRAPHS:
+        indptr, indices, weights = _random_graph(rng, **spec)
+        n = spec["n"]
+        g = prepare_graph(indptr, indices, weights)
+        assert g.n == n and g.m == indices.size
+        assert g.symmetric == spec["undirected"]
+        reset = _resets(rng, n, 5)
+        for method in ("power", "push"):
+            for r in (reset[0], reset):
+                want = personalized_pagerank(indptr, indices, weights, r, method=method)
+                got = ppr(g, r, method=method)
+                assert got.shape == r.shape
+                np.testing.assert_array_equal(got, want)
+
+
+def test_symmetric_flag():
+    rng = np.random.default_rng(9)
+    indptr, indices, weights = _random_graph(rng, 200, 600, undirected=True, weighted=True)
+    detected = prepare_graph(indptr, indices, weights)
+    given = prepare_graph(indptr, indices, weights, symmetric=True)
+    built = prepare_graph(indptr, indices, weights, symmetric=False)
+    assert detected.symmetric and given.symmetric and not built.symmetric
+    assert given.tindptr is given.indptr and given.tindices is given.indices
+    np.testing.assert_array_equal(built.tindices, given.tindices)
+    reset = _resets(rng, 200, 4)
+    ref = _igraph_ppr(indptr, indices, weights, reset, 0.5)
+    for g in (detected, given, built):
+        got = ppr(g, reset)
+        assert np.all(np.abs(got - ref).sum(axis=1) <= 1e-6)
+    # symmetric graphs are solved by conjugate gradients, others by power iteration
+    assert np.all(np.abs(ppr(built, reset) - ppr(given, reset)).sum(axis=1) <= 1e-7)
+    np.testing.assert_array_equal(ppr(detected, reset), ppr(given, reset))
+    # a directed graph is detected as such; symmetric=True on it is rejected when the
+    # in-degrees differ from the out-degrees
+    indptr, indices, weights = to_csr(3, [0, 0], [1, 2], undirected=False)
+    assert not prepare_graph(indptr, indices, weights).symmetric
+    with pytest.raises(ValueError, match="symmetric"):
+        prepare_graph(indptr, indices, weights, symmetric=True)
+    with pytest.raises(TypeError, match="PPRGraph"):
+        ppr((indptr, indices, weights), np.ones(3))
+
+
+@pytest.mark.parametrize("undirected", [True, False])
+def test_read_only_and_memmapped_arrays(tmp_path, undirected):
+    rng = np.random.default_rng(13)
+    indptr, indices, weights = _random_graph(
+        rng, 150, 500, undirected=undirected, weighted=True, isolated=2
+    )
+    reset = _resets(rng, 150, 3)
+    want = {m: personalized_pagerank(indptr, indices, weights, reset, method=m)
+            for m in ("power", "push")}
+    want1 = personalized_pagerank(indptr, indices, weights, reset[0])
+    # read-only in-memory arrays (float32 weights: the kernels' dtype, so nothing is copied)
+    arrays = [indptr.copy(), indices.copy(), weights.astype(np.float32)]
+    for a in arrays:
+        a.flags.writeable = False
+    g = prepare_graph(*arrays)
+    assert g.indices is arrays[1] and g.weights is arrays[2]  # no copies
+    reset_ro = reset.copy()
+    reset_ro.flags.writeable = False
+    for m in ("power", "push"):
+        np.testing.assert_allclose(ppr(g, reset_ro, method=m), want[m], atol=1e-12)
+    np.testing.assert_allclose(ppr(g, reset_ro[0]), want1, atol=1e-12)
+    # memory-mapped arrays, also for every array of the prepared graph
+    for name, a in zip(("indptr", "indices", "weights"), arrays, strict=True):
+        np.save(tmp_path / f"{name}.npy", a)
+    mm = [np.load(tmp_path / f"{k}.npy", mmap_mode="r") for k in ("indptr", "indices", "weights")]
+    g = prepare_graph(*mm, symmetric=undirected)
+    for m in ("power", "push"):
+        np.testing.assert_allclose(ppr(g, reset, method=m), want[m], atol=1e-12)
+    fields = {}
+    for k, v in vars(g).items():
+        if isinstance(v, np.ndarray):
+            np.save(tmp_path / f"g_{k}.npy", v)
+            fields[k] = np.load(tmp_path / f"g_{k}.npy", mmap_mode="r")
+        else:
+            fields[k] = v
+    g_mm = PPRGraph(**fields)
+    assert isinstance(g_mm.tprob, np.memmap) and not g_mm.tprob.flags.writeable
+    for m in ("power", "push"):
+        np.testing.assert_allclose(ppr(g_mm, reset, method=m), want[m], atol=1e-12)
+    np.testing.assert_array_equal(ppr(g_mm, reset[1]), ppr(g, reset[1]))
+
+
+@pytest.mark.parametrize("damping", [0.5, 0.85])
+def test_symmetric_batch_blocks_match_igraph(damping):
+    # 19 rows: two full conjugate-gradient blocks of 8 and a partial one; rows that converge
+    # at once (all mass on an isolated node) or slowly (dense) share blocks with sparse rows
+    rng = np.random.default_rng(17)
+    n = 300
+    indptr, indices, weights = _random_graph(rng, n, 900, undirected=True, weighted=True,
+                                             isolated=3)
+    g = prepare_graph(indptr, indices, weights)
+    assert g.symmetric and {297, 298, 299} <= set(g.dangling.tolist())
+    reset = _resets(rng, n, 19)
+    reset[2] = 0.0
+    reset[2, n - 1] = 1.0  # only an isolated node: the answer is the reset itself
+    reset[9] = rng.random(n)
+    reset[17, n - 2] = 5.0  # most mass on an isolated node
+    got = ppr(g, reset, damping=damping)
+    ref = _igraph_ppr(indptr, indices, weights, reset, damping)
+    l1 = np.abs(got - ref).sum(axis=1)
+    assert np.all(l1 <= 1e-6), l1
+    np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-12)
+    np.testing.assert_array_equal(got[2], reset[2])
+    for k in (0, 2, 9, 17, 18):
+        single = ppr(g, reset[k], damping=damping)
+        assert np.abs(single - got[k]).sum() <= 1e-8
+    # max_iter caps the work (and still returns a normalised non-negative-sum estimate)
+    capped = ppr(g, reset, damping=damping, max_iter=1)
+    np.testing.assert_allclose(capped.sum(axis=1), 1.0, atol=1e-12)

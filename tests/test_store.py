@@ -214,7 +214,7 @@ def test_read_only_open(small_index, embedder):
     before = dump_index(small_index)
     with hipgraph.open(small_index, read_only=True, embedder=embedder) as hg:
         assert hg.stats() == before["stats"]
-        hits = hg.retrieve("Who developed person-centered therapy?", k=3)
+        hits = hg.retrieve("Who developed person-centered therapy?", k=3, mode="dense")
         assert len(hits) == 3
         assert hits[0].doc_id == "pct"
         with pytest.raises(StoreError, match="read-only"):
@@ -251,7 +251,7 @@ def test_damaged_faiss_file_is_rebuilt_on_open(small_index, embedder, damage):
         assert reason in hg.vectors.repaired[0]
         check_consistency(hg)
         _search_own_vectors(hg, "entity")
-        assert hg.retrieve("Carl Rogers psychotherapy", k=2)[0].doc_id in {"pct", "rogers"}
+        assert hg.retrieve("Carl Rogers psychotherapy", k=2, mode="dense")[0].doc_id in {"pct", "rogers"}
     assert dump_index(small_index) == before
     with hipgraph.open(small_index, embedder=embedder) as hg:  # the rewritten file is good
         assert hg.vectors.repaired == []
@@ -272,7 +272,7 @@ def test_faiss_file_from_an_older_state_is_rebuilt(small_index, embedder, inline
         check_consistency(hg)
         for kind in VECTOR_KINDS:
             _search_own_vectors(hg, kind)
-        hits = hg.retrieve("What is the capital of Tennessee?", k=1)
+        hits = hg.retrieve("What is the capital of Tennessee?", k=1, mode="dense")
         assert hits[0].doc_id == "tennessee"  # a passage only the newer state has
     assert dump_index(small_index) == after
 
@@ -289,7 +289,7 @@ def test_faiss_file_with_same_count_but_other_ids_is_rebuilt(small_index, embedd
     with hipgraph.open(small_index, embedder=embedder) as hg:
         assert hg.vectors.repaired == ["passage: stale (id sets differ)"]
         check_consistency(hg)
-        hits = hg.retrieve("Who is the editor of the Journal of Psychotherapy Integration?", k=1)
+        hits = hg.retrieve("Who is the editor of the Journal of Psychotherapy Integration?", k=1, mode="dense")
         assert hits[0].doc_id == "jpi" and "Jennifer Callahan" in hits[0].text
 
 
@@ -298,7 +298,7 @@ def test_read_only_open_repairs_in_memory_without_writing(small_index, embedder)
     with hipgraph.open(small_index, read_only=True, embedder=embedder) as hg:
         assert hg.vectors.repaired and hg.vectors.repaired[0].startswith("passage")
         assert hg.vectors.indexes["passage"].ntotal == hg.stats()["passages"]
-        assert hg.retrieve("Niels Bohr Nobel Prize", k=1)[0].doc_id in {"bohr", "copenhagen"}
+        assert hg.retrieve("Niels Bohr Nobel Prize", k=1, mode="dense")[0].doc_id in {"bohr", "copenhagen"}
     assert not (small_index / "passage.faiss").exists()
 
 
@@ -377,7 +377,7 @@ def test_non_flat_vector_sets_stay_in_step_with_deletes(tmp_path, embedder, inli
         check_consistency(hg)
         hg.delete_documents(["jpi", "bohr", "snow"])
         check_consistency(hg)
-        assert hg.retrieve("Publix supermarket", k=1)[0].doc_id == "publix"
+        assert hg.retrieve("Publix supermarket", k=1, mode="dense")[0].doc_id == "publix"
     with hipgraph.open(path, embedder=embedder) as hg:
         assert hg.vectors.repaired == []
         check_consistency(hg)

@@ -16,13 +16,20 @@ vectors and all accumulations are float64.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numba
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["personalized_pagerank", "to_csr"]
+__all__ = ["PPRGraph", "personalized_pagerank", "ppr", "prepare_graph", "to_csr"]
 
 _METHODS = ("power", "push")
+_FAST = {"contract", "reassoc", "nsz", "arcp"}  # let LLVM vectorise the edge sums
+# Hot loops index with unsigned integers: numba then skips its negative-index wraparound
+# code, which otherwise costs ~30% in the edge loops.  Never do arithmetic on these values
+# (uint64 mixed with int64 gives float64 in numba).
+_U = np.uint64
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,13 +93,13 @@ def to_csr(
 
 
 # --------------------------------------------------------------------------------------------
-# Numba kernels
+# Numba kernels (all graph arrays are only read, so read-only / memory-mapped arrays work)
 # --------------------------------------------------------------------------------------------
 
 
 @njit(cache=True)
 def _transpose(indptr, indices, weights, n):
-    """CSR of the transpose (rows = in-edges), keeping weights as given."""
+    """CSR of the transpose (rows = in-edges, columns sorted), keeping weights as given."""
     m = indices.size
     tptr = np.zeros(n + 1, dtype=np.int64)
     for e in range(m):
@@ -113,24 +120,84 @@ def _transpose(indptr, indices, weights, n):
 
 
 @njit(parallel=True, cache=True)
-def _power_kernel(tptr, tidx, tw, inv_out, dangling, r, damping, tol, max_iter, nchunks):
-    """Pull power iteration on ``(n, b)`` vectors; returns ``(x, iterations)``.
+def _row_sums(indptr, w32):
+    n = indptr.size - 1
+    out = np.zeros(n)
+    for u in prange(n):
+        s = 0.0
+        for e in range(indptr[u], indptr[u + 1]):
+            s += np.float64(w32[e])
+        out[u] = s
+    return out
 
-    ``tptr/tidx/tw``: transpose CSR (float32 raw weights), ``inv_out``: 1 / out-weight
-    (0 for dangling nodes), ``dangling``: ids of dangling nodes, ``r``: normalised resets.
-    """
-    n, b = r.shape
-    x = r.copy()
-    y = np.empty_like(r)
-    z = np.empty_like(r)
-    zn = np.empty_like(r)
+
+@njit(parallel=True, cache=True)
+def _in_probs(tptr, tidx, tw, outw):
+    """Transition probability of every in-edge ``j -> i``: ``w / out-weight(j)`` as float32."""
+    n = tptr.size - 1
+    out = np.empty(tidx.size, dtype=np.float32)
     for i in prange(n):
-        s = inv_out[i]
-        for k in range(b):
-            z[i, k] = x[i, k] * s
-    chunk = (n + nchunks - 1) // nchunks
+        for e in range(tptr[i], tptr[i + 1]):
+            out[e] = np.float32(np.float64(tw[e]) / outw[tidx[e]])
+    return out
+
+
+@njit(cache=True, fastmath=_FAST)
+def _pull_rows(lo, hi, tptr, tidx, tp, r, x, y, damping, coef):
+    """``y[i] = damping * sum_j P[j, i] x[j] + coef * r[i]`` for ``lo <= i < hi``; returns the
+    L1 change ``sum |y[i] - x[i]|`` over those rows."""
+    part = 0.0
+    for i in range(lo, hi):
+        acc = 0.0
+        for e in range(_U(tptr[i]), _U(tptr[i + 1])):
+            acc += tp[e] * x[_U(tidx[e])]
+        v = damping * acc + coef * r[i]
+        part += abs(v - x[i])
+        y[i] = v
+    return part
+
+
+@njit(cache=True)
+def _dangling_coef(dangling, x, damping):
+    dm = 0.0
+    for t in range(dangling.size):
+        dm += x[dangling[t]]
+    return damping * dm + (1.0 - damping)
+
+
+@njit(cache=True)
+def _pull_1(tptr, tidx, tp, dangling, r, x, damping, tol, max_iter):
+    """Serial pull power iteration for one vector from the start ``x``; returns
+    ``(x, iterations)``.
+
+    ``tptr/tidx/tp``: in-edge CSR with transition probabilities (float32), ``dangling``: ids of
+    nodes without out-weight, ``r``: normalised reset.
+    """
+    n = r.size
+    y = np.empty(n)
+    it = 0
+    while it < max_iter:
+        it += 1
+        coef = _dangling_coef(dangling, x, damping)
+        err = _pull_rows(0, n, tptr, tidx, tp, r, x, y, damping, coef)
+        x, y = y, x
+        if err < tol:
+            break
+    return x, it
+
+
+@njit(parallel=True, cache=True)
+def _pull_b(tptr, tidx, tp, dangling, bounds, r, rnz, x, damping, tol, max_iter):
+    """Pull power iteration on ``(n, b)`` vectors (batch innermost); returns ``(x, its)``.
+
+    ``rnz[i]`` is False where row ``i`` of ``r`` is all zero (its reset term is skipped).
+    """
+    n, b = x.shape
+    nchunks = bounds.size - 1
+    y = np.empty_like(x)
     partial = np.zeros((nchunks, b))
     coef = np.empty(b)
+    acc_all = np.empty((nchunks, b))
     it = 0
     while it < max_iter:
         it += 1
@@ -143,27 +210,29 @@ def _power_kernel(tptr, tidx, tw, inv_out, dangling, r, damping, tol, max_iter, 
         for k in range(b):
             coef[k] = damping * coef[k] + (1.0 - damping)
         for c in prange(nchunks):
-            lo = c * chunk
-            hi = min(n, lo + chunk)
-            acc = np.empty(b)
+            acc = acc_all[c]
+            part = partial[c]
             for k in range(b):
-                partial[c, k] = 0.0
-            for i in range(lo, hi):
+                part[k] = 0.0
+            for i in range(bounds[c], bounds[c + 1]):
                 for k in range(b):
                     acc[k] = 0.0
-                for e in range(tptr[i], tptr[i + 1]):
-                    j = tidx[e]
-                    w = np.float64(tw[e])
+                for e in range(_U(tptr[i]), _U(tptr[i + 1])):
+                    j = _U(tidx[e])
+                    w = np.float64(tp[e])
                     for k in range(b):
-                        acc[k] += w * z[j, k]
-                s = inv_out[i]
-                for k in range(b):
-                    v = damping * acc[k] + coef[k] * r[i, k]
-                    partial[c, k] += abs(v - x[i, k])
-                    y[i, k] = v
-                    zn[i, k] = v * s
+                        acc[k] += w * x[j, k]
+                if rnz[i]:
+                    for k in range(b):
+                        v = damping * acc[k] + coef[k] * r[i, k]
+                        part[k] += abs(v - x[i, k])
+                        y[i, k] = v
+                else:
+                    for k in range(b):
+                        v = damping * acc[k]
+                        part[k] += abs(v - x[i, k])
+                        y[i, k] = v
         x, y = y, x
-        z, zn = zn, z
         err = 0.0
         for k in range(b):
             tot = 0.0
@@ -176,153 +245,371 @@ def _power_kernel(tptr, tidx, tw, inv_out, dangling, r, damping, tol, max_iter, 
 
 
 @njit(parallel=True, cache=True)
-def _power_kernel_1(tptr, tidx, tw, inv_out, dangling, r, damping, tol, max_iter):
-    """Single-vector specialisation of :func:`_power_kernel` (1-D ``r``)."""
+def _sym_values(indptr, indices, w32, outw):
+    """``w[i, j] / sqrt(out_weight[i] * out_weight[j])`` per CSR entry, as float32 (symmetric
+    in ``i, j`` exactly, so the matrix it forms is exactly symmetric)."""
+    n = indptr.size - 1
+    isq = np.zeros(n)
+    for i in prange(n):
+        if outw[i] > 0.0:
+            isq[i] = 1.0 / np.sqrt(outw[i])
+    out = np.empty(indices.size, dtype=np.float32)
+    for i in prange(n):
+        for e in range(indptr[i], indptr[i + 1]):
+            out[e] = np.float32(np.float64(w32[e]) * (isq[i] * isq[indices[e]]))
+    return out
+
+
+@njit(cache=True)
+def _cg_1(ptr, idx, sv, sq, r, damping, tol, max_iter):
+    """Conjugate gradients for one reset on a symmetric graph; returns ``(x, iterations)``.
+
+    Solves ``(I - damping * S) y = (1 - damping) D^-1/2 r`` with ``S = D^-1/2 W D^-1/2``
+    (``sv``: its float32 entries in CSR order, ``sq``: ``sqrt(D)``), then ``x = D^1/2 y``,
+    which is ``(I - damping P^T)^-1 (1 - damping) r``: the PPR vector up to normalisation
+    (nodes without edges keep ``(1 - damping) r``).  Stops once the L1 residual in x space
+    divided by ``1 - damping`` (a bound on the L1 error of ``x``) is below ``tol``.
+    """
     n = r.size
-    x = r.copy()
-    y = np.empty_like(r)
-    z = x * inv_out
-    zn = np.empty_like(r)
+    y = np.zeros(n)
+    res = np.empty(n)
+    p = np.empty(n)
+    q = np.empty(n)
+    rr = 0.0
+    l1 = 0.0
+    for i in range(n):
+        v = (1.0 - damping) * r[i] / sq[i] if sq[i] > 0.0 else 0.0
+        res[i] = v
+        p[i] = v
+        rr += v * v
+        l1 += abs(v) * sq[i]
+    bound = tol * (1.0 - damping)
     it = 0
-    while it < max_iter:
+    while it < max_iter and l1 >= bound and rr > 0.0:
         it += 1
-        dm = 0.0
-        for t in range(dangling.size):
-            dm += x[dangling[t]]
-        coef = damping * dm + (1.0 - damping)
-        err = 0.0
-        for i in prange(n):
+        pq = 0.0
+        for i in range(n):
             acc = 0.0
-            for e in range(tptr[i], tptr[i + 1]):
-                acc += np.float64(tw[e]) * z[tidx[e]]
-            v = damping * acc + coef * r[i]
-            err += abs(v - x[i])
-            y[i] = v
-            zn[i] = v * inv_out[i]
-        x, y = y, x
-        z, zn = zn, z
-        if err < tol:
-            break
+            for e in range(_U(ptr[i]), _U(ptr[i + 1])):
+                acc += sv[e] * p[_U(idx[e])]
+            v = p[i] - damping * acc
+            q[i] = v
+            pq += p[i] * v
+        alpha = rr / pq
+        rr_new = 0.0
+        l1 = 0.0
+        for i in range(n):
+            y[i] += alpha * p[i]
+            v = res[i] - alpha * q[i]
+            res[i] = v
+            rr_new += v * v
+            l1 += abs(v) * sq[i]
+        beta = rr_new / rr
+        rr = rr_new
+        for i in range(n):
+            p[i] = res[i] + beta * p[i]
+    x = y  # reuse the buffer
+    for i in range(n):
+        x[i] = y[i] * sq[i] if sq[i] > 0.0 else (1.0 - damping) * r[i]
     return x, it
 
 
-@njit(parallel=True, cache=True)
-def _row_sums(indptr, w32):
-    n = indptr.size - 1
-    out = np.zeros(n)
-    for u in prange(n):
-        s = 0.0
-        for e in range(indptr[u], indptr[u + 1]):
-            s += np.float64(w32[e])
-        out[u] = s
-    return out
+_BLOCK = 8  # resets per conjugate-gradient block: one cache line of a float64 block row
 
 
 @njit(cache=True)
-def _push_row(indptr, indices, w, outw, seeds, seedw, damping, eps, p, res, inq):
-    """Forward push for one reset vector; ``p``, ``res``, ``inq`` are zeroed length-n rows.
+def _block_matvec(ptr, idx, sv, p, q, damping):
+    """``q = p - damping * S p`` for the ``(n, 8)`` block ``p``; returns the 8 dots ``p.q``.
 
-    Writes the normalised estimate into ``p`` and returns the number of pushes.  A node is
-    queued when its residual exceeds ``eps * out-weight`` (``eps`` for dangling nodes, whose
-    pushed mass goes back to the reset distribution).
+    Written out for 8 lanes so the accumulators live in registers (one cache line of ``p``
+    per edge)."""
+    n = ptr.size - 1
+    d0 = d1 = d2 = d3 = d4 = d5 = d6 = d7 = 0.0
+    for i in range(n):
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+        for e in range(_U(ptr[i]), _U(ptr[i + 1])):
+            j = _U(idx[e])
+            w = np.float64(sv[e])
+            a0 += w * p[j, 0]
+            a1 += w * p[j, 1]
+            a2 += w * p[j, 2]
+            a3 += w * p[j, 3]
+            a4 += w * p[j, 4]
+            a5 += w * p[j, 5]
+            a6 += w * p[j, 6]
+            a7 += w * p[j, 7]
+        v0 = p[i, 0] - damping * a0
+        v1 = p[i, 1] - damping * a1
+        v2 = p[i, 2] - damping * a2
+        v3 = p[i, 3] - damping * a3
+        v4 = p[i, 4] - damping * a4
+        v5 = p[i, 5] - damping * a5
+        v6 = p[i, 6] - damping * a6
+        v7 = p[i, 7] - damping * a7
+        q[i, 0] = v0
+        q[i, 1] = v1
+        q[i, 2] = v2
+        q[i, 3] = v3
+        q[i, 4] = v4
+        q[i, 5] = v5
+        q[i, 6] = v6
+        q[i, 7] = v7
+        d0 += p[i, 0] * v0
+        d1 += p[i, 1] * v1
+        d2 += p[i, 2] * v2
+        d3 += p[i, 3] * v3
+        d4 += p[i, 4] * v4
+        d5 += p[i, 5] * v5
+        d6 += p[i, 6] * v6
+        d7 += p[i, 7] * v7
+    return np.array([d0, d1, d2, d3, d4, d5, d6, d7])
+
+
+@njit(cache=True)
+def _cg_block(ptr, idx, sv, sq, r, col0, damping, tol, max_iter, out):
+    """:func:`_cg_1` for the (up to) ``_BLOCK`` columns ``col0..`` of ``r`` (``(n, b)``),
+    each with its own step sizes and stopping test; writes ``x`` into ``out[:, col0..]`` and
+    returns the iterations of the slowest column."""
+    n, b = r.shape
+    width = min(_BLOCK, b - col0)
+    y = np.zeros((n, _BLOCK))
+    res = np.zeros((n, _BLOCK))
+    p = np.zeros((n, _BLOCK))
+    q = np.empty((n, _BLOCK))
+    rr = np.zeros(_BLOCK)
+    l1 = np.zeros(_BLOCK)
+    rr_new = np.zeros(_BLOCK)
+    alpha = np.zeros(_BLOCK)
+    beta = np.zeros(_BLOCK)
+    keep = np.zeros(_BLOCK)  # 1.0 while a column iterates, 0.0 once it has converged
+    for i in range(n):
+        if sq[i] > 0.0:
+            for k in range(width):
+                v = (1.0 - damping) * r[i, col0 + k] / sq[i]
+                res[i, k] = v
+                p[i, k] = v
+                rr[k] += v * v
+                l1[k] += abs(v) * sq[i]
+    bound = tol * (1.0 - damping)
+    nlive = 0
+    for k in range(width):
+        if l1[k] >= bound and rr[k] > 0.0:
+            keep[k] = 1.0
+            nlive += 1
+    it = 0
+    while it < max_iter and nlive > 0:
+        it += 1
+        pq = _block_matvec(ptr, idx, sv, p, q, damping)
+        for k in range(_BLOCK):
+            alpha[k] = rr[k] / pq[k] if keep[k] > 0.0 else 0.0
+            rr_new[k] = 0.0
+            l1[k] = 0.0
+        for i in range(n):
+            s = sq[i]
+            for k in range(_BLOCK):
+                y[i, k] += alpha[k] * p[i, k]
+                v = res[i, k] - alpha[k] * q[i, k]
+                res[i, k] = v
+                rr_new[k] += v * v
+                l1[k] += abs(v) * s
+        nlive = 0
+        for k in range(_BLOCK):
+            if keep[k] > 0.0:
+                beta[k] = rr_new[k] / rr[k]
+                rr[k] = rr_new[k]
+                if l1[k] >= bound and rr[k] > 0.0:
+                    nlive += 1
+                else:
+                    keep[k] = 0.0  # converged: p = 0 and alpha = 0 from now on
+                    beta[k] = 0.0
+        for i in range(n):
+            for k in range(_BLOCK):
+                p[i, k] = keep[k] * (res[i, k] + beta[k] * p[i, k])
+    for i in range(n):
+        for k in range(width):
+            out[i, col0 + k] = y[i, k] * sq[i] if sq[i] > 0.0 else (1.0 - damping) * r[i, col0 + k]
+    return it
+
+
+@njit(parallel=True, cache=True)
+def _cg_batch(ptr, idx, sv, sq, r, damping, tol, max_iter):
+    """:func:`_cg_block` over all columns of ``r`` (``(n, b)``), blocks in parallel."""
+    n, b = r.shape
+    nblocks = (b + _BLOCK - 1) // _BLOCK
+    out = np.empty((n, b))
+    its = np.zeros(nblocks, dtype=np.int64)
+    for c in prange(nblocks):
+        its[c] = _cg_block(ptr, idx, sv, sq, r, c * _BLOCK, damping, tol, max_iter, out)
+    return out, its.max()
+
+
+@njit(cache=True)
+def _push_row(indptr, indices, w, outw, seeds, seedw, damping, eps, out):
+    """Forward push for one reset (``seeds`` with normalised weights ``seedw``).
+
+    A node is pushed while its residual exceeds ``eps * out-weight`` (``eps`` for dangling
+    nodes, whose pushed mass goes back to the reset distribution).  Writes the normalised
+    estimate ``p + (1 - damping) * residual`` into the zeroed row ``out`` and returns the
+    number of pushes.
     """
-    cap = 1024
-    q = np.empty(cap, dtype=np.int64)
+    n = outw.size
+    res = np.zeros(n)
+    flag = np.zeros(n, dtype=np.uint8)  # 1: touched (has p or residual mass), 2: queued
+    cap = n + 1
+    q = np.empty(cap, dtype=np.int32)  # FIFO ring; a node is queued at most once
+    touched = np.empty(n, dtype=np.int32)
     head = 0
     tail = 0
-    touched = np.empty(cap, dtype=np.int64)
     nt = 0
     for t in range(seeds.size):
-        s = seeds[t]
-        res[s] += seedw[t]
-        if inq[s] == 0:
-            inq[s] = 1
-            q, head, tail = _enqueue(q, head, tail, s)
+        v = seeds[t]
+        res[v] += seedw[t]
+        if flag[v] == 0:
+            flag[v] = 1
+            touched[nt] = v
+            nt += 1
+    for t in range(seeds.size):
+        v = seeds[t]
+        ov = outw[v]
+        if flag[v] == 1 and res[v] > eps * (ov if ov > 0.0 else 1.0):
+            flag[v] = 2
+            q[tail] = v
+            tail += 1
     pushes = 0
-    while head < tail:
+    while head != tail:
         u = q[head]
         head += 1
-        inq[u] = 0
+        if head == cap:
+            head = 0
+        flag[u] = 1
         ru = res[u]
-        if ru <= 0.0:
-            continue
-        pushes += 1
         res[u] = 0.0
-        if p[u] == 0.0:
-            if nt == touched.size:
-                touched = _grow(touched, 0, nt)
-            touched[nt] = u
-            nt += 1
-        p[u] += (1.0 - damping) * ru
-        mass = damping * ru
+        pushes += 1
+        out[u] += (1.0 - damping) * ru
         ow = outw[u]
-        if ow > 0.0:
-            scale = mass / ow
-            lo = indptr[u]
-            hi = indptr[u + 1]
+        dangling = ow <= 0.0
+        if dangling:  # the mass jumps back to the reset distribution
+            lo = _U(0)
+            hi = _U(seeds.size)
+            scale = damping * ru
         else:
-            scale = mass
-            lo = 0
-            hi = seeds.size
+            lo = _U(indptr[u])
+            hi = _U(indptr[u + 1])
+            scale = damping * ru / ow
         for e in range(lo, hi):
-            if ow > 0.0:
-                v = indices[e]
-                res[v] += scale * w[e]
+            if dangling:
+                v = _U(seeds[e])
+                rv = res[v] + scale * seedw[e]
             else:
-                v = seeds[e]
-                res[v] += scale * seedw[e]
-            if inq[v] == 0:
-                thr = eps * outw[v] if outw[v] > 0.0 else eps
-                if res[v] > thr:
-                    inq[v] = 1
-                    q, head, tail = _enqueue(q, head, tail, v)
+                v = _U(indices[e])
+                rv = res[v] + scale * w[e]
+            res[v] = rv
+            f = flag[v]
+            if f == 2:
+                continue
+            if f == 0:
+                flag[v] = 1
+                touched[nt] = v
+                nt += 1
+            ov = outw[v]
+            if rv > eps * (ov if ov > 0.0 else 1.0):
+                flag[v] = 2
+                q[tail] = v
+                tail += 1
+                if tail == cap:
+                    tail = 0
     total = 0.0
     for t in range(nt):
-        total += p[touched[t]]
+        v = touched[t]
+        x = out[v] + (1.0 - damping) * res[v]
+        out[v] = x
+        total += x
     for t in range(nt):
-        p[touched[t]] /= total
+        out[touched[t]] /= total
     return pushes
 
 
-@njit(cache=True)
-def _enqueue(q, head, tail, v):
-    """Append ``v`` to the FIFO ``q[head:tail]``, compacting into a larger array when full."""
-    if tail == q.size:
-        q = _grow(q, head, tail)
-        tail -= head
-        head = 0
-    q[tail] = v
-    return q, head, tail + 1
-
-
-@njit(cache=True)
-def _grow(a, head, tail):
-    """Copy the live part ``a[head:tail]`` to the front of an array twice as large."""
-    out = np.empty(2 * a.size, dtype=a.dtype)
-    out[: tail - head] = a[head:tail]
-    return out
-
-
 @njit(parallel=True, cache=True)
-def _push_batch(indptr, indices, w, outw, seed_ptr, seeds, seedw, damping, eps, p, res, inq):
+def _push_batch(indptr, indices, w, outw, seed_ptr, seeds, seedw, damping, eps, out):
     b = seed_ptr.size - 1
     pushes = np.zeros(b, dtype=np.int64)
-    for q in prange(b):
-        lo = seed_ptr[q]
-        hi = seed_ptr[q + 1]
-        pushes[q] = _push_row(
-            indptr, indices, w, outw, seeds[lo:hi], seedw[lo:hi], damping, eps,
-            p[q], res[q], inq[q],
+    for k in prange(b):
+        lo = seed_ptr[k]
+        hi = seed_ptr[k + 1]
+        pushes[k] = _push_row(
+            indptr, indices, w, outw, seeds[lo:hi], seedw[lo:hi], damping, eps, out[k]
         )
     return pushes
 
 
 # --------------------------------------------------------------------------------------------
-# Public API
+# Prepared graph
 # --------------------------------------------------------------------------------------------
 
 
-def _validate(indptr, indices, weights, reset, damping, tol, max_iter, method, eps):
+@dataclass(frozen=True, eq=False)
+class PPRGraph:
+    """A CSR graph prepared once for many PPR queries (out-weights, transpose, dangling set).
+
+    Built by :func:`prepare_graph`; every array may be a read-only numpy memmap.
+
+    ``n``: number of nodes.  ``indptr`` int64 ``(n + 1,)``, ``indices`` int32 ``(m,)`` and
+    ``weights`` float32 ``(m,)``: the out-edge CSR (row ``u`` = edges ``u -> v``), used by
+    push.  ``out_weight`` float64 ``(n,)``: row sums of ``weights`` (0 for dangling nodes),
+    ``sqrt_out``: its square roots.  ``dangling`` int64: ids of the nodes with zero
+    out-weight.  ``symmetric``: the CSR equals its transpose.
+
+    Exact solver data: for a symmetric graph ``sym_weight`` float32 ``(m,)`` holds
+    ``w(u, v) / sqrt(out_weight[u] * out_weight[v])`` in CSR order (conjugate gradients on
+    that symmetric matrix), and ``tindptr`` / ``tindices`` are the very arrays ``indptr`` /
+    ``indices`` while ``tprob`` is empty.  Otherwise ``tindptr`` / ``tindices`` are the
+    in-edge CSR (row ``i`` = edges ``j -> i``), ``tprob`` float32 ``(m,)`` the transition
+    probability ``w(j -> i) / out_weight[j]`` of each in-edge (power iteration), and
+    ``sym_weight`` is empty.
+    """
+
+    n: int
+    indptr: np.ndarray
+    indices: np.ndarray
+    weights: np.ndarray
+    out_weight: np.ndarray
+    dangling: np.ndarray
+    tindptr: np.ndarray
+    tindices: np.ndarray
+    tprob: np.ndarray
+    symmetric: bool
+    sqrt_out: np.ndarray
+    sym_weight: np.ndarray
+
+    @property
+    def m(self) -> int:
+        """Number of directed edges (CSR entries)."""
+        return int(self.indices.size)
+
+    def __repr__(self) -> str:
+        return (
+            f"PPRGraph(n={self.n}, m={self.m}, symmetric={self.symmetric}, "
+            f"dangling={self.dangling.size})"
+        )
+
+
+def prepare_graph(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    weights: np.ndarray,
+    *,
+    symmetric: bool | None = None,
+) -> PPRGraph:
+    """Validate a CSR graph once and precompute what every PPR query needs.
+
+    ``indptr, indices, weights``: CSR with row ``u`` holding ``u``'s out-edges (see
+    :func:`to_csr`); weights must be finite and non-negative.  ``symmetric=True`` means the
+    CSR equals its transpose (an undirected graph passed with both directions, as
+    ``to_csr(undirected=True)`` builds), so no transpose is built (only in/out degrees are
+    checked); ``False`` always builds the transpose; ``None`` detects it.  Arrays that already
+    have the kernel dtypes (int64 / int32 / float32) are used without copying, so memmaps stay
+    memmaps.
+    """
     indptr = np.asarray(indptr)
     indices = np.asarray(indices)
     weights = np.asarray(weights)
@@ -344,35 +631,123 @@ def _validate(indptr, indices, weights, reset, damping, tol, max_iter, method, e
         raise ValueError("indptr must be non-decreasing")
     if m and (indices.min() < 0 or indices.max() >= n):
         raise ValueError(f"indices must lie in [0, {n})")
+    if n >= 2**31:
+        raise ValueError(f"at most 2**31 - 1 nodes are supported, got {n}")
     indices = indices.astype(np.int32, copy=False)
+    if np.iscomplexobj(weights):
+        raise ValueError("weights must be real numbers")
     try:
-        weights = weights.astype(np.float64, copy=False)
+        w32 = weights.astype(np.float32, copy=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"weights must be numeric: {exc}") from None
-    if not np.all(np.isfinite(weights)):
-        raise ValueError("weights must be finite")
-    if np.any(weights < 0):
+    if not np.all(np.isfinite(w32)):
+        raise ValueError("weights must be finite (and fit in float32)")
+    if np.any(w32 < 0):
         raise ValueError("weights must be non-negative")
 
+    outw = _row_sums(indptr, w32)
+    dangling = np.flatnonzero(outw <= 0).astype(np.int64)
+    if symmetric is None or not symmetric:
+        tptr, tidx, tw = _transpose(indptr, indices, w32, n)
+        if symmetric is None:
+            symmetric = bool(
+                np.array_equal(indptr, tptr)
+                and np.array_equal(indices, tidx)
+                and np.array_equal(w32, tw)
+            )
+    else:
+        if m and np.any(np.bincount(indices, minlength=n) != np.diff(indptr)):
+            raise ValueError("symmetric=True but in-degrees differ from out-degrees")
+    sqrt_out = np.sqrt(outw)
+    empty = np.zeros(0, dtype=np.float32)
+    if symmetric:
+        tptr, tidx, tprob = indptr, indices, empty
+        sym_weight = _sym_values(indptr, indices, w32, outw)
+    else:
+        tprob = _in_probs(tptr, tidx, tw, outw)
+        sym_weight = empty
+    return PPRGraph(
+        n=n, indptr=indptr, indices=indices, weights=w32, out_weight=outw, dangling=dangling,
+        tindptr=tptr, tindices=tidx, tprob=tprob, symmetric=bool(symmetric), sqrt_out=sqrt_out,
+        sym_weight=sym_weight,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Queries
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _row_stats(r2):
+    """Per-row sums of ``r2`` plus flags: any NaN, any negative (one pass)."""
+    b, n = r2.shape
+    sums = np.zeros(b)
+    has_nan = False
+    has_neg = False
+    for k in range(b):
+        acc = 0.0
+        for i in range(n):
+            v = r2[k, i]
+            if v != v:
+                has_nan = True
+            elif v < 0.0:
+                has_neg = True
+            acc += v
+        sums[k] = acc
+    return sums, has_nan, has_neg
+
+
+@njit(cache=True)
+def _nonzeros(r2, sums):
+    """Nonzero entries of every row as CSR ``(ptr, cols, values / row sum)``."""
+    b, n = r2.shape
+    ptr = np.zeros(b + 1, dtype=np.int64)
+    for k in range(b):
+        c = 0
+        for i in range(n):
+            if r2[k, i] != 0.0:
+                c += 1
+        ptr[k + 1] = ptr[k] + c
+    cols = np.empty(ptr[b], dtype=np.int64)
+    vals = np.empty(ptr[b])
+    for k in range(b):
+        t = ptr[k]
+        inv = 1.0 / sums[k]
+        for i in range(n):
+            v = r2[k, i]
+            if v != 0.0:
+                cols[t] = i
+                vals[t] = v * inv
+                t += 1
+    return ptr, cols, vals
+
+
+def _check_query(n, reset, damping, tol, max_iter, method, eps):
+    """Validate a query; returns ``(shape, r2 (b, n) float64, row sums, damping, tol,
+    max_iter, eps)``."""
     reset = np.asarray(reset)
     if reset.ndim not in (1, 2):
         raise ValueError(f"reset must have shape (n,) or (b, n), got {reset.shape}")
     if reset.shape[-1] != n:
         raise ValueError(f"reset has {reset.shape[-1]} columns but the graph has {n} nodes")
+    if np.iscomplexobj(reset):
+        raise ValueError("reset must be real numbers")
     try:
         reset = reset.astype(np.float64, copy=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"reset must be numeric: {exc}") from None
-    if not np.all(np.isfinite(reset)):
-        raise ValueError("reset must be finite")
-    if np.any(reset < 0):
-        raise ValueError("reset must be non-negative")
     r2 = reset.reshape(-1, n)
-    sums = r2.sum(axis=1)
+    if r2.shape[0] == 0:
+        raise ValueError("reset has no rows")
+    sums, has_nan, has_neg = _row_stats(r2)
+    if has_nan or not np.all(np.isfinite(sums)):
+        raise ValueError("reset must be finite")
+    if has_neg:
+        raise ValueError("reset must be non-negative")
     zero = np.flatnonzero(sums <= 0)
     if zero.size:
         raise ValueError(f"reset row {int(zero[0])} sums to zero; every row needs positive mass")
-
     damping = float(damping)
     if not 0.0 <= damping < 1.0:
         raise ValueError(f"damping must lie in [0, 1), got {damping}")
@@ -386,55 +761,103 @@ def _validate(indptr, indices, weights, reset, damping, tol, max_iter, method, e
     eps = float(eps)
     if not eps > 0:
         raise ValueError(f"eps must be positive, got {eps}")
-    return indptr, indices, weights, reset, r2 / sums[:, None], n, damping, tol, int(max_iter), eps
+    return reset.shape, r2, sums, damping, tol, int(max_iter), eps
 
 
-def _out_weights(indptr, w32, n):
-    """Out-weight per node, summed in float64 from the float32 weights the kernels use."""
-    return _row_sums(indptr, w32)
+def _edge_bounds(tptr, parts):
+    """Node boundaries splitting the rows into ``parts`` ranges of about equal edge count."""
+    n = tptr.size - 1
+    m = int(tptr[-1])
+    parts = max(1, min(parts, n))
+    cuts = np.searchsorted(tptr, np.linspace(0, m, parts + 1)[1:-1], side="left")
+    return np.unique(np.concatenate([[0], cuts, [n]])).astype(np.int64)
 
 
-def _power(indptr, indices, w32, r_norm, damping, tol, max_iter):
+def _power(g: PPRGraph, r_norm, damping, tol, max_iter):
     """Exact PPR for normalised ``(b, n)`` resets; returns ``(result (b, n), iterations)``."""
-    n = indptr.size - 1
-    outw = _out_weights(indptr, w32, n)
-    inv_out = np.zeros(n)
-    np.divide(1.0, outw, out=inv_out, where=outw > 0)
-    dangling = np.flatnonzero(outw <= 0).astype(np.int64)
-    tptr, tidx, tw = _transpose(indptr, indices, w32, n)
-    if r_norm.shape[0] == 1:
-        x, it = _power_kernel_1(
-            tptr, tidx, tw, inv_out, dangling, np.ascontiguousarray(r_norm[0]), damping, tol,
-            max_iter,
+    b, n = r_norm.shape
+    if g.symmetric:
+        if b == 1:
+            x, it = _cg_1(
+                g.indptr, g.indices, g.sym_weight, g.sqrt_out, np.ascontiguousarray(r_norm[0]),
+                damping, tol, max_iter,
+            )
+            out = x.reshape(1, n)
+        else:
+            x, it = _cg_batch(
+                g.indptr, g.indices, g.sym_weight, g.sqrt_out, np.ascontiguousarray(r_norm.T),
+                damping, tol, max_iter,
+            )
+            out = np.ascontiguousarray(x.T)
+    elif b == 1:
+        r = np.ascontiguousarray(r_norm[0])
+        x, it = _pull_1(
+            g.tindptr, g.tindices, g.tprob, g.dangling, r, r.copy(), damping, tol, max_iter
         )
         out = x.reshape(1, n)
     else:
-        nchunks = max(1, min(n, 8 * numba.get_num_threads()))
+        bounds = _edge_bounds(g.tindptr, 4 * numba.get_num_threads())
         r_t = np.ascontiguousarray(r_norm.T)
-        x, it = _power_kernel(
-            tptr, tidx, tw, inv_out, dangling, r_t, damping, tol, max_iter, nchunks
+        rnz = r_t.any(axis=1)
+        x, it = _pull_b(
+            g.tindptr, g.tindices, g.tprob, g.dangling, bounds, r_t, rnz, r_t.copy(), damping,
+            tol, max_iter,
         )
         out = np.ascontiguousarray(x.T)
     out /= out.sum(axis=1, keepdims=True)
     return out, it
 
 
-def _push(indptr, indices, w32, r_norm, damping, eps):
-    """Forward-push PPR for normalised ``(b, n)`` resets; returns ``(result, pushes)``."""
-    b, n = r_norm.shape
-    outw = _out_weights(indptr, w32, n)
-    rows, cols = np.nonzero(r_norm)
-    seed_ptr = np.zeros(b + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=b), out=seed_ptr[1:])
-    seeds = cols.astype(np.int64)
-    seedw = r_norm[rows, cols]
-    p = np.zeros((b, n))
-    res = np.zeros((b, n))
-    inq = np.zeros((b, n), dtype=np.uint8)
+def _push(g: PPRGraph, r2, sums, damping, eps):
+    """Forward-push PPR for ``(b, n)`` resets with row sums ``sums``; returns
+    ``(result, pushes)``."""
+    b, n = r2.shape
+    out = np.zeros((b, n))
+    seed_ptr, seeds, seedw = _nonzeros(r2, sums)
+    if b == 1:
+        pushes = _push_row(
+            g.indptr, g.indices, g.weights, g.out_weight, seeds, seedw, damping, eps, out[0]
+        )
+        return out, np.array([pushes])
     pushes = _push_batch(
-        indptr, indices, w32, outw, seed_ptr, seeds, seedw, damping, eps, p, res, inq
+        g.indptr, g.indices, g.weights, g.out_weight, seed_ptr, seeds, seedw, damping, eps, out
     )
-    return p, pushes
+    return out, pushes
+
+
+def ppr(
+    graph: PPRGraph,
+    reset: np.ndarray,
+    *,
+    damping: float = 0.5,
+    tol: float = 1e-8,
+    max_iter: int = 100,
+    method: str = "power",
+    eps: float = 1e-6,
+) -> np.ndarray:
+    """Personalized PageRank of every reset row over a prepared graph (see :func:`prepare_graph`).
+
+    ``reset``: ``(n,)`` or ``(b, n)`` non-negative weights, normalised per row here.
+    ``damping`` is the probability of following an edge; dangling nodes send their mass back
+    to the reset distribution.
+
+    ``method="power"`` iterates until the L1 change of every row is below ``tol`` (or
+    ``max_iter``); ``b`` rows share one pass over the graph per iteration.
+    ``method="push"`` runs a local forward push (residual threshold ``eps * out-weight``),
+    whose cost depends on the touched neighbourhood only.
+
+    Returns float64 scores with the shape of ``reset``, each row summing to 1.
+    """
+    if not isinstance(graph, PPRGraph):
+        raise TypeError(f"graph must be a PPRGraph (see prepare_graph), got {type(graph)}")
+    shape, r2, sums, damping, tol, max_iter, eps = _check_query(
+        graph.n, reset, damping, tol, max_iter, method, eps
+    )
+    if method == "power":
+        out, _ = _power(graph, r2 / sums[:, None], damping, tol, max_iter)
+    else:
+        out, _ = _push(graph, r2, sums, damping, eps)
+    return out.reshape(shape)
 
 
 def personalized_pagerank(
@@ -451,24 +874,12 @@ def personalized_pagerank(
 ) -> np.ndarray:
     """Personalized PageRank of every reset row over a weighted directed CSR graph.
 
-    ``indptr, indices, weights``: CSR with row ``u`` holding ``u``'s out-edges (pass both
-    directions for an undirected graph, see :func:`to_csr`).  ``reset``: ``(n,)`` or
-    ``(b, n)`` non-negative weights, normalised per row here.  ``damping`` is the probability
-    of following an edge; dangling nodes send their mass back to the reset distribution.
-
-    ``method="power"`` iterates until the L1 change of every row is below ``tol`` (or
-    ``max_iter``); ``b`` rows share one pass over the graph per iteration.
-    ``method="push"`` runs a local forward push (residual threshold ``eps * out-weight``),
-    whose cost depends on the touched neighbourhood only.
-
-    Returns float64 scores with the shape of ``reset``, each row summing to 1.
+    One-shot form of ``ppr(prepare_graph(indptr, indices, weights), reset, ...)``; prepare
+    the graph once with :func:`prepare_graph` when running many queries.  ``indptr, indices,
+    weights``: CSR with row ``u`` holding ``u``'s out-edges (pass both directions for an
+    undirected graph, see :func:`to_csr`).
     """
-    indptr, indices, weights, reset, r_norm, n, damping, tol, max_iter, eps = _validate(
-        indptr, indices, weights, reset, damping, tol, max_iter, method, eps
+    return ppr(
+        prepare_graph(indptr, indices, weights), reset, damping=damping, tol=tol,
+        max_iter=max_iter, method=method, eps=eps,
     )
-    w32 = weights.astype(np.float32)
-    if method == "power":
-        out, _ = _power(indptr, indices, w32, r_norm, damping, tol, max_iter)
-    else:
-        out, _ = _push(indptr, indices, w32, r_norm, damping, eps)
-    return out.reshape(reset.shape)

@@ -1,0 +1,125 @@
+"""Retrieval evaluation on QA bundles: recall@k per mode and per hop count.
+
+A bundle is ``{"corpus": [{"idx", "title", "text"}], "questions": [{"id", "question", "gold_idx",
+...}]}``; corpus entries are indexed with id ``str(idx)``, so a hit's ``doc_id`` names its corpus
+entry. Recall@k of a question is the share of its gold documents among the first ``k`` distinct
+documents retrieved (a document split into several passages counts once).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hipgraph.config import RetrievalConfig
+from hipgraph.errors import InputError
+from hipgraph.types import Hit
+
+_HOPS = re.compile(r"^(\d+)hop")
+
+
+def load_bundle(path: str | Path) -> dict[str, Any]:
+    """Read a bundle and check its fields; errors name the file and the offending entry."""
+    path = Path(path)
+    try:
+        bundle = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise InputError("file not found", source=str(path)) from exc
+    except json.JSONDecodeError as exc:
+        raise InputError(f"malformed JSON: {exc.msg}", source=str(path), line=exc.lineno) from exc
+    questions = bundle.get("questions") if isinstance(bundle, dict) else None
+    if not isinstance(questions, list):
+        raise InputError('bundle has no "questions" list', source=str(path))
+    for i, q in enumerate(questions):
+        if not isinstance(q, dict) or not isinstance(q.get("question"), str) or not q["question"].strip():
+            raise InputError(f'questions[{i}] needs a non-empty "question" string', source=str(path))
+        gold = q.get("gold_idx")
+        if gold is not None and not isinstance(gold, list):
+            raise InputError(f'questions[{i}].gold_idx must be a list', source=str(path))
+    corpus = bundle.get("corpus", [])
+    if not isinstance(corpus, list):
+        raise InputError('"corpus" must be a list', source=str(path))
+    return bundle
+
+
+def hop_group(question: dict[str, Any]) -> str | None:
+    """``"2hop"``, ``"3hop"``, … from ``meta.hops`` or an id such as ``3hop1__…``; else None."""
+    meta = question.get("meta") or {}
+    hops = meta.get("hops") if isinstance(meta, dict) else None
+    if isinstance(hops, str) and _HOPS.match(hops):
+        return f"{_HOPS.match(hops).group(1)}hop"
+    match = _HOPS.match(str(question.get("id", "")))
+    return f"{match.group(1)}hop" if match else None
+
+
+def distinct_docs(hits: Sequence[Hit]) -> list[str]:
+    seen: dict[str, None] = {}
+    for h in hits:
+        seen.setdefault(h.doc_id, None)
+    return list(seen)
+
+
+def recall_at(gold: Sequence[Any], docs: Sequence[str], k: int) -> float:
+    wanted = {str(g) for g in gold}
+    return len(wanted & set(docs[:k])) / len(wanted) if wanted else 0.0
+
+
+@dataclass
+class ModeResult:
+    """Recall of one mode: overall and per hop group, in percent, with the time per question."""
+
+    mode: str
+    recall: dict[int, float]
+    by_hops: dict[str, dict[int, float]] = field(default_factory=dict)
+    hop_counts: dict[str, int] = field(default_factory=dict)
+    ms_per_query: float = 0.0
+    rankings: list[list[str]] = field(default_factory=list)  # distinct doc ids per question
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mode": self.mode,
+                               **{f"recall@{k}": v for k, v in self.recall.items()},
+                               "ms_per_query": self.ms_per_query}
+        if self.by_hops:
+            out["by_hops"] = {g: {"questions": self.hop_counts[g],
+                                  **{f"recall@{k}": v for k, v in r.items()}}
+                              for g, r in self.by_hops.items()}
+        return out
+
+
+def evaluate(hg: Any, questions: Sequence[dict[str, Any]], modes: Sequence[str],
+             cutoffs: Sequence[int], config: RetrievalConfig | None = None,
+             batch_size: int = 64) -> list[ModeResult]:
+    """Recall@k of each mode over the questions that have ``gold_idx``."""
+    qs = [q for q in questions if q.get("gold_idx")]
+    depth = max(cutoffs)
+    results = []
+    for mode in modes:
+        t0 = time.perf_counter()
+        rankings: list[list[str]] = []
+        for start in range(0, len(qs), batch_size):
+            batch = qs[start:start + batch_size]
+            hits = hg.retrieve_many([q["question"] for q in batch], k=depth * 3, mode=mode,
+                                    config=config)
+            rankings.extend(distinct_docs(h)[:depth] for h in hits)
+        elapsed = time.perf_counter() - t0
+        res = ModeResult(mode=mode, recall={}, rankings=rankings,
+                         ms_per_query=round(1000 * elapsed / max(1, len(qs)), 2))
+        groups: dict[str, list[int]] = {}
+        for i, q in enumerate(qs):
+            g = hop_group(q)
+            if g:
+                groups.setdefault(g, []).append(i)
+        for k in sorted(cutoffs):
+            per_q = [recall_at(q["gold_idx"], r, k) for q, r in zip(qs, rankings, strict=True)]
+            res.recall[k] = round(100 * sum(per_q) / max(1, len(per_q)), 2)
+            for g in sorted(groups):
+                vals = [per_q[i] for i in groups[g]]
+                res.by_hops.setdefault(g, {})[k] = round(100 * sum(vals) / len(vals), 2)
+                res.hop_counts[g] = len(vals)
+        results.append(res)
+    return results

@@ -1,0 +1,253 @@
+"""Retrieval modes over one open index: ``graph`` (default), ``dense``, ``bm25`` and ``hybrid``.
+
+:class:`Retriever` owns the query-time state derived from the store (graph snapshot, entity names,
+BM25 index), refreshes it when the index generation changes, and turns rankings into hits.
+It never calls a generator.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from hipgraph.config import GraphRetrievalConfig, RetrievalConfig
+from hipgraph.errors import ConfigError
+from hipgraph.models.base import Embedder
+from hipgraph.query.dense import dense_rankings
+from hipgraph.query.graph import (
+    Seeds,
+    make_seeds,
+    passage_scores,
+    reset_matrix,
+    strongest_path,
+    top_passages,
+)
+from hipgraph.query.hits import Ranked, to_hits
+from hipgraph.query.linking import EntityNames, QuestionSpans
+from hipgraph.query.snapshot import GraphSnapshot, current_snapshot
+from hipgraph.store.database import GraphStore
+from hipgraph.store.vector_set import VectorSet
+from hipgraph.types import Hit
+
+logger = logging.getLogger(__name__)
+
+MODES = ("graph", "dense", "bm25", "hybrid")
+
+
+def validate_request(questions: Sequence[str], k: int, mode: str) -> None:
+    """Errors for bad retrieval input, naming the offending value."""
+    if isinstance(questions, str):
+        raise ConfigError("retrieve_many takes a list of questions, not one string")
+    if mode not in MODES:
+        raise ConfigError(f"unknown retrieval mode {mode!r}; available: {', '.join(MODES)}")
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+        raise ConfigError(f"k must be an integer >= 1, got {k!r}")
+    for i, q in enumerate(questions):
+        if not isinstance(q, str) or not q.strip():
+            raise ConfigError(f"question {i} is empty" if isinstance(q, str)
+                              else f"question {i} is not a string: {type(q).__name__}")
+
+
+class Retriever:
+    """Query engine of one index (see module docstring)."""
+
+    def __init__(self, store: GraphStore, vectors: VectorSet, embedder: Callable[[], Embedder],
+                 spacy_model: str, config: RetrievalConfig):
+        self.store = store
+        self.vectors = vectors
+        self._embedder = embedder
+        self.config = config
+        self._spans = QuestionSpans(spacy_model)
+        self._snapshot: GraphSnapshot | None = None
+        self._names: EntityNames | None = None
+        self._bm25: Any = None
+        self._bm25_generation = -1
+
+    # ------------------------------------------------------------------ derived state
+    def snapshot(self) -> GraphSnapshot:
+        self._snapshot = current_snapshot(self.store, self._snapshot)
+        return self._snapshot
+
+    def _entity_names(self) -> EntityNames:
+        generation = int(self.store.meta_get("generation", 0))
+        if self._names is None or self._names.generation != generation:
+            self._names = EntityNames(self.store)
+        return self._names
+
+    def _bm25_index(self, cfg: RetrievalConfig):
+        from hipgraph.query.bm25 import BM25Config, BM25Index  # noqa: PLC0415 - optional mode
+
+        generation = int(self.store.meta_get("generation", 0))
+        bm_cfg = BM25Config(k1=cfg.bm25_k1, b=cfg.bm25_b)
+        if self._bm25 is not None and self._bm25_generation == generation \
+                and self._bm25.config == bm_cfg:
+            return self._bm25
+        root = self.store.root / "cache" / "bm25"
+        folder = root / f"g{generation}-k{bm_cfg.k1:g}-b{bm_cfg.b:g}"
+        index = None
+        if folder.exists():
+            try:
+                index = BM25Index.load(folder, bm_cfg)
+            except Exception as exc:  # noqa: BLE001 - a broken cache is rebuilt, never fatal
+                logger.info("bm25 cache %s unusable (%s); rebuilding", folder, exc)
+        if index is None:
+            rows = self.store.con.execute(
+                "SELECT id, title, text FROM passages ORDER BY id").fetchall()
+            ids = np.array([r[0] for r in rows], dtype=np.int64)
+            index = BM25Index.build(ids, [f"{r[1]}\n{r[2]}" if r[1] else r[2] for r in rows], bm_cfg)
+            try:
+                if root.exists():
+                    for old in root.iterdir():
+                        shutil.rmtree(old, ignore_errors=True)
+                index.save(folder)
+            except OSError as exc:
+                logger.warning("cannot write bm25 cache %s (%s); keeping it in memory", folder, exc)
+        self._bm25, self._bm25_generation = index, generation
+        return index
+
+    # ------------------------------------------------------------------ entry point
+    def retrieve_many(self, questions: Sequence[str], k: int, mode: str,
+                      config: RetrievalConfig | None = None) -> list[list[Hit]]:
+        validate_request(questions, k, mode)
+        questions = list(questions)
+        if not questions:
+            return []
+        rankings = self.rank(questions, k, mode, config or self.config)
+        return to_hits(self.store, rankings, k)
+
+    def rank(self, questions: list[str], depth: int, mode: str, cfg: RetrievalConfig) -> list[Ranked]:
+        """Best ``depth`` passages per question as ``(passage id, score, why)``."""
+        if mode == "bm25":
+            return self._rank_bm25(questions, depth, cfg)
+        if mode == "hybrid":
+            return self._rank_hybrid(questions, depth, cfg)
+        if mode == "dense":
+            return dense_rankings(self.vectors, self._embedder().embed(questions), depth)
+        return self._rank_graph(questions, depth, cfg.graph)
+
+    def _rank_bm25(self, questions: list[str], depth: int, cfg: RetrievalConfig) -> list[Ranked]:
+        index = self._bm25_index(cfg)
+        scores, ids = index.search(questions, depth)
+        out: list[Ranked] = []
+        for q in range(len(questions)):
+            out.append([(int(i), float(s), {"mode": "bm25", "bm25": round(float(s), 6)})
+                        for s, i in zip(scores[q], ids[q], strict=True) if i >= 0])
+        return out
+
+    def _rank_hybrid(self, questions: list[str], depth: int, cfg: RetrievalConfig) -> list[Ranked]:
+        depth_each = max(depth, cfg.fusion_depth)
+        parts = {m: self.rank(questions, depth_each, m, cfg) for m in cfg.hybrid_modes}
+        out: list[Ranked] = []
+        for q in range(len(questions)):
+            fused: dict[int, float] = {}
+            ranks: dict[int, dict[str, int]] = {}
+            for m, rankings in parts.items():
+                for r, (pid, _, _) in enumerate(rankings[q], start=1):
+                    fused[pid] = fused.get(pid, 0.0) + 1.0 / (cfg.rrf_k + r)
+                    ranks.setdefault(pid, {})[m] = r
+            best = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:depth]
+            out.append([(pid, s, {"mode": "hybrid", "rrf": round(s, 6), "ranks": ranks[pid]})
+                        for pid, s in best])
+        return out
+
+    # ------------------------------------------------------------------ graph mode
+    def _rank_graph(self, questions: list[str], depth: int, cfg: GraphRetrievalConfig) -> list[Ranked]:
+        snap = self.snapshot()
+        embedder = self._embedder()
+        linked: list[dict[int, str]] = [{} for _ in questions]
+        unmatched: list[tuple[int, str]] = []
+        if cfg.link_question_entities and snap.n_entities:
+            for q, pairs in enumerate(self._spans.link(questions, self._entity_names())):
+                for span, eid in pairs:
+                    idx = int(snap.entity_index(np.array([eid]))[0]) if eid is not None else -1
+                    if idx >= 0:
+                        linked[q].setdefault(idx, span)
+                    else:
+                        unmatched.append((q, span))
+        vectors = embedder.embed(questions + [s for _, s in unmatched])
+        qvec, svec = vectors[: len(questions)], vectors[len(questions):]
+        if unmatched:
+            scores, ids = self.vectors.search("entity", svec, 1)
+            idx = snap.entity_index(ids[:, 0])
+            for (q, span), s, e in zip(unmatched, scores[:, 0], idx, strict=True):
+                if e >= 0 and s >= cfg.link_threshold:
+                    linked[q].setdefault(int(e), span)
+
+        n_pass = max(1, min(snap.n_passages, cfg.passage_candidates))
+        d_scores, d_ids = self.vectors.search("passage", qvec, n_pass)
+        if snap.fact_ids.size:
+            f_scores, f_ids = self.vectors.search("fact", qvec, min(cfg.fact_candidates, snap.fact_ids.size))
+        else:
+            f_scores = np.zeros((len(questions), 0), np.float32)
+            f_ids = np.zeros((len(questions), 0), np.int64)
+        seeds: list[Seeds] = []
+        for q in range(len(questions)):
+            valid = d_ids[q] >= 0
+            seeds.append(make_seeds(
+                snap, snap.fact_index(f_ids[q]), f_scores[q].astype(np.float64), linked[q],
+                snap.passage_nodes(d_ids[q][valid]), d_scores[q][valid], cfg))
+        graph_q = [q for q, s in enumerate(seeds) if s.has_graph_seeds]
+        scores = passage_scores(snap, reset_matrix(snap, [seeds[q] for q in graph_q]), cfg)
+        out: list[Ranked] = []
+        dense_fallback = None
+        for q in range(len(questions)):
+            if q not in graph_q:
+                if dense_fallback is None:
+                    dense_fallback = dense_rankings(self.vectors, qvec, depth)
+                out.append([(pid, s, {**why, "fallback": "no fact or question entity matched"})
+                            for pid, s, why in dense_fallback[q]])
+                continue
+            row = scores[graph_q.index(q)]
+            top = top_passages(row, depth)
+            out.append([(int(snap.passage_ids[node]), score, {"mode": "graph", "ppr": score})
+                        for node, score in top])
+            if cfg.explain:
+                self._explain(snap, seeds[q], top, out[-1])
+        return out
+
+    def _explain(self, snap: GraphSnapshot, seeds: Seeds, top: list[tuple[int, float]],
+                 ranked: Ranked) -> None:
+        """Fill each hit's ``why`` with the question's seeds and its strongest seed path."""
+        paths = [strongest_path(snap, seeds, node) for node, _ in top]
+        p = snap.n_passages
+        ent_ids = {int(snap.entity_ids[e]) for e in seeds.entities}
+        ent_ids |= {int(snap.entity_ids[n - p]) for path, _ in paths for n in path if n >= p}
+        names = self._names_of(ent_ids)
+        facts = self._facts_of([int(snap.fact_ids[r]) for r, _ in seeds.facts])
+        seed_facts = [{"fact_id": int(snap.fact_ids[r]), **facts.get(int(snap.fact_ids[r]), {}),
+                       "score": round(s, 6)} for r, s in seeds.facts]
+        seed_entities = [{"entity_id": int(snap.entity_ids[e]), "name": names.get(int(snap.entity_ids[e]), ""),
+                          "weight": round(w, 6), "via": "question" if e in seeds.linked else "fact"}
+                         for e, w in sorted(seeds.entities.items(), key=lambda kv: (-kv[1], kv[0]))]
+        for (pid, _score, why), (path, path_score) in zip(ranked, paths, strict=True):
+            steps = []
+            for n in path:
+                if n >= p:
+                    eid = int(snap.entity_ids[n - p])
+                    steps.append({"entity_id": eid, "name": names.get(eid, "")})
+                else:
+                    steps.append({"passage_id": int(snap.passage_ids[n])})
+            why.update({"seed_facts": seed_facts, "seed_entities": seed_entities,
+                        "path": steps, "path_score": round(path_score, 8),
+                        "dense_seed": round(seeds.passages.get(snap.passage_nodes(np.array([pid]))[0].item(), 0.0), 6)})
+
+    def _names_of(self, entity_ids: set[int]) -> dict[int, str]:
+        if not entity_ids:
+            return {}
+        with self.store.temp_ids("_names", sorted(entity_ids)):
+            return {int(i): n for i, n in self.store.con.execute(
+                "SELECT id, name FROM entities WHERE id IN (SELECT id FROM _names)").fetchall()}
+
+    def _facts_of(self, fact_ids: list[int]) -> dict[int, dict[str, str]]:
+        if not fact_ids:
+            return {}
+        with self.store.temp_ids("_facts", sorted(set(fact_ids))):
+            rows = self.store.con.execute("""
+                SELECT f.id, s.name, f.relation, o.name FROM facts f
+                JOIN entities s ON s.id = f.subject_id JOIN entities o ON o.id = f.object_id
+                WHERE f.id IN (SELECT id FROM _facts)""").fetchall()
+        return {int(i): {"subject": s, "relation": r, "object": o} for i, s, r, o in rows}

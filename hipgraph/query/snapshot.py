@@ -1,0 +1,195 @@
+"""The query-time graph snapshot: node order, CSR adjacency and lookup arrays, built from DuckDB.
+
+Node order: passages ``0 .. P-1`` (ascending passage id), then entities ``P .. P+E-1`` (ascending
+entity id). The CSR holds every edge in both directions (mention passage–entity, fact and synonym
+entity–entity; parallel edges summed), so it is symmetric and PPR needs no transpose.
+
+A snapshot is a pure function of the stored graph. It is written beside the database as plain
+``.npy`` files under ``cache/graph/`` stamped with the index ``generation`` (bumped by every write),
+and loaded memory-mapped; a stale or unreadable cache is rebuilt, a read-only folder keeps the
+snapshot in memory only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from hipgraph.query.ppr import PPRGraph, prepare_graph, to_csr
+from hipgraph.store.database import GraphStore
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_FORMAT = 1
+_ARRAYS = ("passage_ids", "entity_ids", "indptr", "indices", "weights", "entity_passage_count",
+           "fact_ids", "fact_subject", "fact_object")
+
+
+@dataclass(frozen=True)
+class GraphSnapshot:
+    """Arrays over one node order (see module docstring); all read-only."""
+
+    generation: int
+    passage_ids: np.ndarray  # (P,) int64 ascending: node i is passage passage_ids[i]
+    entity_ids: np.ndarray  # (E,) int64 ascending: node P + j is entity entity_ids[j]
+    indptr: np.ndarray  # (P+E+1,) int64 symmetric CSR
+    indices: np.ndarray  # int32 neighbour nodes
+    weights: np.ndarray  # float64 edge weights
+    entity_passage_count: np.ndarray  # (E,) int32 distinct passages mentioning each entity
+    fact_ids: np.ndarray  # (F,) int64 ascending, retrievable facts (kind 'triple')
+    fact_subject: np.ndarray  # (F,) int32 entity index (0 .. E-1) of the subject
+    fact_object: np.ndarray  # (F,) int32 entity index of the object
+    ppr_graph: PPRGraph
+
+    @property
+    def n_passages(self) -> int:
+        return int(self.passage_ids.size)
+
+    @property
+    def n_entities(self) -> int:
+        return int(self.entity_ids.size)
+
+    @property
+    def n_nodes(self) -> int:
+        return self.n_passages + self.n_entities
+
+    def passage_nodes(self, passage_ids: np.ndarray) -> np.ndarray:
+        """Node index of each passage id, -1 where the id is not in the snapshot."""
+        return _lookup(self.passage_ids, passage_ids)
+
+    def entity_index(self, entity_ids: np.ndarray) -> np.ndarray:
+        """Entity index (node - P) of each entity id, -1 where unknown."""
+        return _lookup(self.entity_ids, entity_ids)
+
+    def fact_index(self, fact_ids: np.ndarray) -> np.ndarray:
+        """Row of each fact id in the fact arrays, -1 where unknown (e.g. a co-occurrence)."""
+        return _lookup(self.fact_ids, fact_ids)
+
+    @cached_property
+    def out_weight(self) -> np.ndarray:
+        """Total edge weight at each node (the PPR transition denominator)."""
+        rows = np.repeat(np.arange(self.n_nodes), np.diff(self.indptr))
+        return np.bincount(rows, weights=self.weights, minlength=self.n_nodes)
+
+    def neighbors(self, node: int) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = int(self.indptr[node]), int(self.indptr[node + 1])
+        return self.indices[lo:hi], self.weights[lo:hi]
+
+
+def _lookup(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    ids = np.asarray(ids, dtype=np.int64)
+    if sorted_ids.size == 0:
+        return np.full(ids.shape, -1, dtype=np.int64)
+    pos = np.searchsorted(sorted_ids, ids)
+    pos_c = np.minimum(pos, sorted_ids.size - 1)
+    return np.where(sorted_ids[pos_c] == ids, pos_c, -1).astype(np.int64)
+
+
+def _column(store: GraphStore, sql: str) -> list[np.ndarray]:
+    table = store.con.sql(sql).to_arrow_table()
+    return [table.column(i).to_numpy() for i in range(table.num_columns)]
+
+
+def build_snapshot(store: GraphStore) -> GraphSnapshot:
+    """Read the graph from DuckDB into a fresh :class:`GraphSnapshot`."""
+    generation = int(store.meta_get("generation", 0))
+    (passage_ids,) = _column(store, "SELECT id FROM passages ORDER BY id")
+    (entity_ids,) = _column(store, "SELECT id FROM entities ORDER BY id")
+    passage_ids = passage_ids.astype(np.int64)
+    entity_ids = entity_ids.astype(np.int64)
+    n_p, n_e = passage_ids.size, entity_ids.size
+    src_m, dst_m = _column(store, "SELECT src, dst FROM edges WHERE type = 'mention'")
+    src_e, dst_e, w_e = _column(
+        store, "SELECT src, dst, weight FROM edges WHERE type IN ('fact', 'synonym')")
+    mention_src = _lookup(passage_ids, src_m)
+    mention_dst = _lookup(entity_ids, dst_m)
+    ent_src = _lookup(entity_ids, src_e)
+    ent_dst = _lookup(entity_ids, dst_e)
+    ok_m = (mention_src >= 0) & (mention_dst >= 0)
+    ok_e = (ent_src >= 0) & (ent_dst >= 0)
+    src = np.concatenate([mention_src[ok_m], n_p + ent_src[ok_e]])
+    dst = np.concatenate([n_p + mention_dst[ok_m], n_p + ent_dst[ok_e]])
+    weight = np.concatenate([np.ones(int(ok_m.sum())), np.asarray(w_e, np.float64)[ok_e]])
+    indptr, indices, weights = to_csr(n_p + n_e, src, dst, weight, undirected=True)
+    # distinct passages per entity (mention edges are distinct per passage-entity pair)
+    count = np.bincount(mention_dst[ok_m], minlength=n_e).astype(np.int32)
+    fid, fs, fo = _column(
+        store, "SELECT id, subject_id, object_id FROM facts WHERE kind = 'triple' ORDER BY id")
+    return _assemble(generation, {
+        "passage_ids": passage_ids, "entity_ids": entity_ids,
+        "indptr": indptr, "indices": indices, "weights": weights,
+        "entity_passage_count": count,
+        "fact_ids": fid.astype(np.int64),
+        "fact_subject": _lookup(entity_ids, fs).astype(np.int32),
+        "fact_object": _lookup(entity_ids, fo).astype(np.int32),
+    })
+
+
+def _assemble(generation: int, arrays: dict[str, np.ndarray]) -> GraphSnapshot:
+    graph = prepare_graph(arrays["indptr"], arrays["indices"], arrays["weights"], symmetric=True)
+    return GraphSnapshot(generation=generation, ppr_graph=graph, **{k: arrays[k] for k in _ARRAYS})
+
+
+# ---------------------------------------------------------------------- on-disk cache
+def cache_dir(root: Path) -> Path:
+    return root / "cache" / "graph"
+
+
+def save_snapshot(snapshot: GraphSnapshot, folder: Path) -> None:
+    """Write the arrays and a stamp into ``folder`` atomically (temp folder, then rename)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name in _ARRAYS:
+        np.save(tmp / f"{name}.npy", np.ascontiguousarray(getattr(snapshot, name)))
+    stamp = {"format": SNAPSHOT_FORMAT, "generation": snapshot.generation,
+             "passages": snapshot.n_passages, "entities": snapshot.n_entities,
+             "facts": int(snapshot.fact_ids.size)}
+    (tmp / "snapshot.json").write_text(json.dumps(stamp), encoding="utf-8")
+    old = folder.with_name(f".{folder.name}.{os.getpid()}.old")
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_snapshot(folder: Path, generation: int) -> GraphSnapshot | None:
+    """The cached snapshot of ``generation`` memory-mapped, or None when absent/stale/unreadable."""
+    try:
+        stamp = json.loads((folder / "snapshot.json").read_text(encoding="utf-8"))
+        if stamp.get("format") != SNAPSHOT_FORMAT or stamp.get("generation") != generation:
+            return None
+        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _ARRAYS}
+    except (OSError, ValueError) as exc:
+        logger.info("graph cache %s unusable (%s); rebuilding", folder, exc)
+        return None
+    if arrays["indptr"].size != stamp["passages"] + stamp["entities"] + 1:
+        return None
+    return _assemble(generation, arrays)
+
+
+def current_snapshot(store: GraphStore, previous: GraphSnapshot | None = None) -> GraphSnapshot:
+    """The snapshot of the store's current generation: ``previous`` if still current, else the
+    cached files, else a fresh build (saved to the cache when the folder is writable)."""
+    generation = int(store.meta_get("generation", 0))
+    if previous is not None and previous.generation == generation:
+        return previous
+    folder = cache_dir(store.root)
+    snapshot = load_snapshot(folder, generation)
+    if snapshot is not None:
+        return snapshot
+    snapshot = build_snapshot(store)
+    try:
+        save_snapshot(snapshot, folder)
+    except OSError as exc:
+        logger.warning("cannot write graph cache %s (%s); keeping it in memory", folder, exc)
+        return snapshot
+    return load_snapshot(folder, generation) or snapshot

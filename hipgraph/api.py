@@ -176,6 +176,8 @@ class HipGraph:
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
+        if self._retriever is not None:
+            self._retriever.close()
         if self.store is not None:
             self.store.close()
 

@@ -41,6 +41,25 @@ def _add_llm(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--llm-concurrency", type=int, default=8, help="parallel requests")
 
 
+def _add_retrieval(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("retrieval")
+    group.add_argument("--fact-filter", action="store_true",
+                       help="graph mode: let the LLM (--llm-base-url/--llm-model) keep the relevant facts")
+    _add_llm(parser)
+
+
+def _retrieval_config(args: argparse.Namespace):
+    from hipgraph.config import ChatConfig, RetrievalConfig  # noqa: PLC0415
+
+    if not args.fact_filter:
+        return None
+    if not args.llm_base_url or not args.llm_model:
+        raise InputError("--fact-filter needs --llm-base-url and --llm-model")
+    return RetrievalConfig(llm=ChatConfig(base_url=args.llm_base_url, model=args.llm_model,
+                                          api_key_env=args.llm_api_key_env,
+                                          max_concurrency=args.llm_concurrency))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hipgraph", description="Graph-based retrieval engine.")
     parser.add_argument("--version", action="version", version=f"hipgraph {_version()}")
@@ -74,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="graph", choices=_modes(),
                    help="graph (default: facts and question entities seed a personalized PageRank), "
                         "dense, bm25 or hybrid (reciprocal-rank fusion)")
+    _add_retrieval(p)
     _add_output(p)
     p.set_defaults(func=cmd_query)
 
@@ -87,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", default="1,2,5,10", help="comma-separated cut-offs")
     p.add_argument("--limit", type=int, default=None, help="first N questions")
     p.add_argument("--out", type=Path, default=None, help="write per-question rankings as JSONL")
+    _add_retrieval(p)
     _add_output(p)
     p.set_defaults(func=cmd_eval)
 
@@ -195,8 +216,9 @@ def cmd_index(args: argparse.Namespace) -> int:
 def cmd_query(args: argparse.Namespace) -> int:
     import hipgraph  # noqa: PLC0415
 
+    config = _retrieval_config(args)
     with hipgraph.open(args.db, read_only=True) as hg:
-        hits = hg.retrieve(args.question, k=args.k, mode=args.mode)
+        hits = hg.retrieve(args.question, k=args.k, mode=args.mode, config=config)
     if args.json:
         print(json.dumps({"question": args.question, "mode": args.mode,
                           "hits": [h.to_dict() for h in hits]}, indent=2))
@@ -225,6 +247,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     bundle = load_bundle(args.bundle)
     cutoffs = _cutoffs(args.k)
+    config = _retrieval_config(args)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in _modes()]
     if unknown or not modes:
@@ -241,7 +264,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 _progress_bar(len(records), args.quiet, "indexing") as bar:
             hg.add_documents(records, progress=bar.update)
     with hipgraph.open(args.db, read_only=True) as hg:
-        results = evaluate(hg, questions, modes, cutoffs)
+        results = evaluate(hg, questions, modes, cutoffs, config=config)
     scored = [q for q in questions if q.get("gold_idx")]
     if args.out:
         with args.out.open("w", encoding="utf-8") as fh:

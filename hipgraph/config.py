@@ -175,6 +175,8 @@ class GraphRetrievalConfig:
     Every one of the ``passage_candidates`` best passages by dense score is seeded with
     ``passage_weight`` x its min-max normalised score. PPR (``damping``) then ranks passages.
     When no fact reaches ``min_fact_score`` and no question entity links, dense ranking is used.
+    With an LLM configured (``RetrievalConfig.llm``) and ``fact_filter`` on, the top
+    ``fact_top_k`` facts go through the recognition-memory filter instead of the score threshold.
     """
 
     fact_candidates: int = 64  # facts fetched from FAISS per question
@@ -192,6 +194,7 @@ class GraphRetrievalConfig:
     ppr_tol: float = 1e-7
     ppr_eps: float = 1e-6  # push threshold
     explain: bool = True  # attach seeds and the strongest seed-to-passage path to each hit
+    fact_filter: bool = True  # LLM recognition memory, used only when RetrievalConfig.llm is set
 
     def __post_init__(self) -> None:
         for name in ("fact_candidates", "fact_top_k", "entity_top_k", "passage_candidates"):
@@ -217,6 +220,7 @@ class RetrievalConfig:
     rrf_k: int = 60  # hybrid: reciprocal-rank fusion constant
     hybrid_modes: tuple[str, ...] = ("graph", "dense", "bm25")
     fusion_depth: int = 100  # ranks each hybrid component contributes
+    llm: ChatConfig | None = None  # for the graph mode's fact filter; None = no LLM calls
 
     def __post_init__(self) -> None:
         _check(self.bm25_k1 > 0 and 0 <= self.bm25_b <= 1, "bm25_k1 must be > 0 and bm25_b in [0, 1]")

@@ -99,6 +99,8 @@ def evaluate(hg: Any, questions: Sequence[dict[str, Any]], modes: Sequence[str],
     depth = max(cutoffs)
     results = []
     for mode in modes:
+        if qs:  # warm-up (model load, compilation, caches) is not part of the per-query time
+            hg.retrieve_many([qs[0]["question"]], k=depth, mode=mode, config=config)
         t0 = time.perf_counter()
         rankings: list[list[str]] = []
         for start in range(0, len(qs), batch_size):

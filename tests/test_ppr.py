@@ -319,6 +319,28 @@ def test_symmetric_batch_blocks_match_igraph(damping):
     for k in (0, 2, 9, 17, 18):
         single = ppr(g, reset[k], damping=damping)
         assert np.abs(single - got[k]).sum() <= 1e-8
+    # small batches are solved row by row
+    np.testing.assert_array_equal(ppr(g, reset[[0, 2, 9]], damping=damping)[1], reset[2])
+    np.testing.assert_array_equal(ppr(g, reset[[9, 0]], damping=damping)[1],
+                                  ppr(g, reset[0], damping=damping))
     # max_iter caps the work (and still returns a normalised non-negative-sum estimate)
     capped = ppr(g, reset, damping=damping, max_iter=1)
     np.testing.assert_allclose(capped.sum(axis=1), 1.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("undirected", [True, False])
+def test_zero_weight_edges(undirected):
+    # node 3 only has zero-weight edges: it is dangling although it has CSR entries
+    src = [0, 1, 2, 3, 3, 4]
+    dst = [1, 2, 0, 4, 0, 0]
+    w = [1.0, 2.0, 1.0, 0.0, 0.0, 1.5]
+    indptr, indices, weights = to_csr(5, src, dst, w, undirected=undirected)
+    g = prepare_graph(indptr, indices, weights)
+    assert 3 in g.dangling.tolist()
+    reset = np.array([[1.0, 0, 0, 1.0, 0], [0, 0, 0, 0, 1.0]])
+    ref = _igraph_ppr(indptr, indices, weights, reset, 0.5)
+    got = ppr(g, reset)
+    assert np.all(np.abs(got - ref).sum(axis=1) <= 1e-6)
+    push = ppr(g, reset, method="push", eps=1e-12)
+    assert np.all(np.isfinite(push))
+    assert np.all(np.abs(push - ref).sum(axis=1) <= 1e-6)

@@ -253,3 +253,56 @@ def test_cli_query_modes_and_eval_per_mode_and_hop(inline_template, tmp_path, in
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     missing = run_cli("eval", "--db", str(fresh), str(tmp_path / "none.json"))
     assert missing.returncode == 2 and "file not found" in missing.stderr
+
+
+# ------------------------------------------------------------------ recognition-memory filter
+def _filter_server(reply_for):
+    try:
+        from tests.openai_server import ScriptedOpenAIServer
+    except ImportError:  # tests/ is not a package: pytest puts it on sys.path
+        from openai_server import ScriptedOpenAIServer
+
+    def handler(body):
+        user = body["messages"][-1]["content"]
+        candidates = json.loads(user.split("Candidate facts: ", 1)[1].rsplit("\nOutput:", 1)[0])["fact"]
+        return reply_for(candidates)
+
+    return ScriptedOpenAIServer(chat_handler=handler)
+
+
+def test_llm_fact_filter_keeps_only_the_chosen_facts(inline_index):
+    from hipgraph.config import ChatConfig
+
+    chosen = []
+
+    def keep_publisher_facts(candidates):
+        kept = [c for c in candidates if "published" in c[1]]
+        chosen.append(kept)
+        return json.dumps({"fact": kept + [["made", "up", "fact"]]})  # invented facts are ignored
+
+    with _filter_server(keep_publisher_facts) as srv:
+        cfg = RetrievalConfig(llm=ChatConfig(base_url=srv.base_url, model="judge", max_retries=0))
+        hits = inline_index.retrieve(MULTIHOP, k=3, config=cfg)
+        assert len(srv.chat_requests) == 1
+        body = srv.chat_requests[0][1]
+        assert MULTIHOP in body["messages"][-1]["content"] and body["response_format"]["type"] == "json_object"
+    why = hits[0].why
+    kept = {(f["subject"], f["relation"], f["object"]) for f in why["seed_facts"]}
+    assert kept == {tuple(c) for c in chosen[0]} and kept
+    assert why["fact_filter"].startswith(f"kept {len(kept)} of ")
+    # a model that keeps nothing leaves only the question's own entities as graph seeds
+    with _filter_server(lambda c: json.dumps({"fact": []})) as srv:
+        cfg = RetrievalConfig(llm=ChatConfig(base_url=srv.base_url, model="judge", max_retries=0))
+        why = inline_index.retrieve(MULTIHOP, k=3, config=cfg)[0].why
+    assert why["seed_facts"] == [] and all(e["via"] == "question" for e in why["seed_entities"])
+
+
+def test_llm_fact_filter_failure_falls_back_to_the_threshold(inline_index):
+    from hipgraph.config import ChatConfig
+
+    plain = inline_index.retrieve(MULTIHOP, k=3)
+    with _filter_server(lambda c: "this is not JSON") as srv:
+        cfg = RetrievalConfig(llm=ChatConfig(base_url=srv.base_url, model="judge", max_retries=0))
+        hits = inline_index.retrieve(MULTIHOP, k=3, config=cfg)
+    assert hits[0].why["fact_filter"].startswith("not applied (unusable reply")
+    assert [h.doc_id for h in hits] == [h.doc_id for h in plain]

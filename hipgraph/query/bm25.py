@@ -30,6 +30,8 @@ import numpy as np
 
 from hipgraph.errors import ConfigError, InputError, StoreError
 
+# bm25s pins its logger to DEBUG when imported; let it follow the application's logging setup.
+logging.getLogger("bm25s").setLevel(logging.NOTSET)
 logger = logging.getLogger(__name__)
 
 #: Scoring variants implemented by ``bm25s`` (its ``method`` argument).

@@ -17,7 +17,9 @@ import numpy as np
 from hipgraph.config import GraphRetrievalConfig, RetrievalConfig
 from hipgraph.errors import ConfigError
 from hipgraph.models.base import Embedder
+from hipgraph.models.chat import ChatClient
 from hipgraph.query.dense import dense_rankings
+from hipgraph.query.fact_filter import FactFilter
 from hipgraph.query.graph import (
     Seeds,
     make_seeds,
@@ -66,6 +68,7 @@ class Retriever:
         self._names: EntityNames | None = None
         self._bm25: Any = None
         self._bm25_generation = -1
+        self._filter: FactFilter | None = None
 
     # ------------------------------------------------------------------ derived state
     def snapshot(self) -> GraphSnapshot:
@@ -110,6 +113,11 @@ class Retriever:
         return index
 
     # ------------------------------------------------------------------ entry point
+    def close(self) -> None:
+        if self._filter is not None:
+            self._filter.client.close()
+            self._filter = None
+
     def retrieve_many(self, questions: Sequence[str], k: int, mode: str,
                       config: RetrievalConfig | None = None) -> list[list[Hit]]:
         validate_request(questions, k, mode)
@@ -127,7 +135,7 @@ class Retriever:
             return self._rank_hybrid(questions, depth, cfg)
         if mode == "dense":
             return dense_rankings(self.vectors, self._embedder().embed(questions), depth)
-        return self._rank_graph(questions, depth, cfg.graph)
+        return self._rank_graph(questions, depth, cfg)
 
     def _rank_bm25(self, questions: list[str], depth: int, cfg: RetrievalConfig) -> list[Ranked]:
         index = self._bm25_index(cfg)
@@ -155,7 +163,8 @@ class Retriever:
         return out
 
     # ------------------------------------------------------------------ graph mode
-    def _rank_graph(self, questions: list[str], depth: int, cfg: GraphRetrievalConfig) -> list[Ranked]:
+    def _rank_graph(self, questions: list[str], depth: int, cfg_all: RetrievalConfig) -> list[Ranked]:
+        cfg = cfg_all.graph
         snap = self.snapshot()
         embedder = self._embedder()
         linked: list[dict[int, str]] = [{} for _ in questions]
@@ -184,12 +193,20 @@ class Retriever:
         else:
             f_scores = np.zeros((len(questions), 0), np.float32)
             f_ids = np.zeros((len(questions), 0), np.int64)
+        fact_rows = [snap.fact_index(f_ids[q]) for q in range(len(questions))]
+        fact_scores = [f_scores[q].astype(np.float64) for q in range(len(questions))]
+        filter_notes: list[str | None] = [None] * len(questions)
+        threshold = None
+        if self._fact_filter(cfg_all) is not None and cfg.fact_filter:
+            fact_rows, fact_scores, filter_notes = self._filter_facts(
+                snap, questions, fact_rows, fact_scores, cfg)
+            threshold = -1.0
         seeds: list[Seeds] = []
         for q in range(len(questions)):
             valid = d_ids[q] >= 0
             seeds.append(make_seeds(
-                snap, snap.fact_index(f_ids[q]), f_scores[q].astype(np.float64), linked[q],
-                snap.passage_nodes(d_ids[q][valid]), d_scores[q][valid], cfg))
+                snap, fact_rows[q], fact_scores[q], linked[q],
+                snap.passage_nodes(d_ids[q][valid]), d_scores[q][valid], cfg, threshold))
         graph_q = [q for q, s in enumerate(seeds) if s.has_graph_seeds]
         scores = passage_scores(snap, reset_matrix(snap, [seeds[q] for q in graph_q]), cfg)
         out: list[Ranked] = []
@@ -203,11 +220,53 @@ class Retriever:
                 continue
             row = scores[graph_q.index(q)]
             top = top_passages(row, depth)
-            out.append([(int(snap.passage_ids[node]), score, {"mode": "graph", "ppr": score})
+            base = {"mode": "graph"}
+            if filter_notes[q]:
+                base["fact_filter"] = filter_notes[q]
+            out.append([(int(snap.passage_ids[node]), score, {**base, "ppr": score})
                         for node, score in top])
             if cfg.explain:
                 self._explain(snap, seeds[q], top, out[-1])
         return out
+
+    def _fact_filter(self, cfg: RetrievalConfig) -> FactFilter | None:
+        """The recognition-memory filter for ``cfg.llm`` (one client per endpoint config)."""
+        if cfg.llm is None:
+            return None
+        if self._filter is None or self._filter.client.config != cfg.llm:
+            if self._filter is not None:
+                self._filter.client.close()
+            self._filter = FactFilter(ChatClient(cfg.llm))
+        return self._filter
+
+    def _filter_facts(self, snap: GraphSnapshot, questions: list[str], rows: list[np.ndarray],
+                      scores: list[np.ndarray], cfg: GraphRetrievalConfig):
+        """Let the LLM choose among each question's top ``fact_top_k`` facts."""
+        tops = []
+        for r, s in zip(rows, scores, strict=True):
+            ok = r >= 0
+            tops.append((r[ok][: cfg.fact_top_k], s[ok][: cfg.fact_top_k]))
+        facts = self._facts_of([int(snap.fact_ids[i]) for r, _ in tops for i in r])
+        candidates = []
+        for r, _ in tops:
+            triples = []
+            for i in r:
+                f = facts.get(int(snap.fact_ids[i]), {})
+                triples.append((f.get("subject", ""), f.get("relation", ""), f.get("object", "")))
+            candidates.append(triples)
+        verdicts = self._filter.keep(questions, candidates)
+        out_rows, out_scores, notes = [], [], []
+        for (r, s), (kept, reason) in zip(tops, verdicts, strict=True):
+            if kept is None:  # the filter failed: fall back to the score threshold
+                ok = s >= cfg.min_fact_score
+                out_rows.append(r[ok])
+                out_scores.append(s[ok])
+                notes.append(f"not applied ({reason}); used min_fact_score")
+            else:
+                out_rows.append(r[kept])
+                out_scores.append(s[kept])
+                notes.append(f"kept {len(kept)} of {len(r)} facts")
+        return out_rows, out_scores, notes
 
     def _explain(self, snap: GraphSnapshot, seeds: Seeds, top: list[tuple[int, float]],
                  ranked: Ranked) -> None:

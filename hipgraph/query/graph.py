@@ -44,16 +44,19 @@ def make_seeds(
     passage_nodes: np.ndarray,
     passage_scores: np.ndarray,
     cfg: GraphRetrievalConfig,
+    min_fact_score: float | None = None,
 ) -> Seeds:
     """Seed weights for one question.
 
     ``fact_rows``/``fact_scores``: candidate facts (snapshot rows, -1 = unknown) by cosine, best
     first; ``linked``: entity index -> question span; ``passage_nodes``/``passage_scores``: dense
-    candidates, best first.
+    candidates, best first. ``min_fact_score`` overrides the config's threshold (facts already
+    chosen by the LLM filter pass with ``-1``).
     """
     seeds = Seeds()
     count = snapshot.entity_passage_count
-    ok = (fact_rows >= 0) & (fact_scores >= cfg.min_fact_score)
+    threshold = cfg.min_fact_score if min_fact_score is None else min_fact_score
+    ok = (fact_rows >= 0) & (fact_scores >= threshold)
     rows, scores = fact_rows[ok][: cfg.fact_top_k], fact_scores[ok][: cfg.fact_top_k]
     fact_entities: dict[int, float] = {}
     for row, score in zip(rows.tolist(), scores.tolist(), strict=True):

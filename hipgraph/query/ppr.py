@@ -1,17 +1,26 @@
-"""Personalized PageRank over a CSR graph: exact power iteration and local forward push.
+"""Personalized PageRank over a CSR graph: exact solvers and local forward push.
 
 Semantics follow ``igraph.Graph.personalized_pagerank(directed=True, weights=..., reset=...)``:
 
     x = (1 - d) * r + d * (P^T x + (mass on dangling nodes) * r)
 
 where ``P`` is the row-normalised weighted adjacency (CSR rows are out-edges), ``r`` the
-normalised reset distribution and dangling nodes (no out-weight) jump back to ``r``.
+normalised reset distribution and dangling nodes (no out-weight) jump back to ``r``.  Since
+the dangling term is a multiple of ``r``, ``x`` is ``(I - d P^T)^-1 r`` normalised to sum 1.
 
-Kernels are pure functions over arrays compiled with numba.  The exact method pulls over the
-transpose CSR with the batch dimension innermost, so a ``(b, n)`` reset streams the graph once
-per iteration for all ``b`` vectors.  Edge weights are streamed as float32 (the out-weights are
-summed from those float32 values, so the transition matrix stays exactly stochastic); the
-vectors and all accumulations are float64.
+Prepare a graph once with :func:`prepare_graph` (validation, out-weights, transpose or
+symmetric scaling, dangling set) and run many :func:`ppr` queries on it.  Exact solvers:
+
+* symmetric graphs (undirected, both directions stored): conjugate gradients on the
+  symmetric system ``(I - d D^-1/2 W D^-1/2) y = D^-1/2 r`` (``x = D^1/2 y``), which needs
+  fewer sweeps than power iteration (11 instead of 14 at ``tol=1e-8`` on a 97k-node graph); a ``(b, n)`` batch runs in blocks of 8 resets laid out
+  ``(n, 8)`` (one cache line per gathered row), blocks in parallel;
+* other graphs: pull power iteration over the transpose with pre-divided float32 transition
+  probabilities.
+
+Edge values are streamed as float32 (int32 column indices); vectors and sums are float64.
+``method="push"`` is a local forward push (see :func:`ppr`).  All kernels only read the graph
+arrays, so read-only memory-mapped arrays work.
 """
 
 from __future__ import annotations
@@ -25,7 +34,9 @@ from numba import njit, prange
 __all__ = ["PPRGraph", "personalized_pagerank", "ppr", "prepare_graph", "to_csr"]
 
 _METHODS = ("power", "push")
-_FAST = {"contract", "reassoc", "nsz", "arcp"}  # let LLVM vectorise the edge sums
+_REFINE = 64  # push: the best estimates refined by one more residual step (top-k accuracy)
+_MIN_BLOCK_ROWS = 4  # fewer resets are solved one by one (in parallel) instead of in a block
+_BLOCK = 8  # resets per conjugate-gradient block: one cache line of a float64 block row
 # Hot loops index with unsigned integers: numba then skips its negative-index wraparound
 # code, which otherwise costs ~30% in the edge loops.  Never do arithmetic on these values
 # (uint64 mixed with int64 gives float64 in numba).
@@ -138,11 +149,12 @@ def _in_probs(tptr, tidx, tw, outw):
     out = np.empty(tidx.size, dtype=np.float32)
     for i in prange(n):
         for e in range(tptr[i], tptr[i + 1]):
-            out[e] = np.float32(np.float64(tw[e]) / outw[tidx[e]])
+            ow = outw[tidx[e]]
+            out[e] = np.float32(np.float64(tw[e]) / ow) if ow > 0.0 else np.float32(0.0)
     return out
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit(cache=True)
 def _pull_rows(lo, hi, tptr, tidx, tp, r, x, y, damping, coef):
     """``y[i] = damping * sum_j P[j, i] x[j] + coef * r[i]`` for ``lo <= i < hi``; returns the
     L1 change ``sum |y[i] - x[i]|`` over those rows."""
@@ -314,9 +326,6 @@ def _cg_1(ptr, idx, sv, sq, r, damping, tol, max_iter):
     return x, it
 
 
-_BLOCK = 8  # resets per conjugate-gradient block: one cache line of a float64 block row
-
-
 @njit(cache=True)
 def _block_matvec(ptr, idx, sv, p, q, damping):
     """``q = p - damping * S p`` for the ``(n, 8)`` block ``p``; returns the 8 dots ``p.q``.
@@ -432,6 +441,19 @@ def _cg_block(ptr, idx, sv, sq, r, col0, damping, tol, max_iter, out):
 
 
 @njit(parallel=True, cache=True)
+def _cg_rows(ptr, idx, sv, sq, r, damping, tol, max_iter):
+    """:func:`_cg_1` for every column of ``r`` (``(n, b)``), columns in parallel (for small
+    ``b``, where a block of 8 would mostly compute padding)."""
+    n, b = r.shape
+    out = np.empty((n, b))
+    its = np.zeros(b, dtype=np.int64)
+    for k in prange(b):
+        x, its[k] = _cg_1(ptr, idx, sv, sq, np.ascontiguousarray(r[:, k]), damping, tol, max_iter)
+        out[:, k] = x
+    return out, its.max()
+
+
+@njit(parallel=True, cache=True)
 def _cg_batch(ptr, idx, sv, sq, r, damping, tol, max_iter):
     """:func:`_cg_block` over all columns of ``r`` (``(n, b)``), blocks in parallel."""
     n, b = r.shape
@@ -444,13 +466,17 @@ def _cg_batch(ptr, idx, sv, sq, r, damping, tol, max_iter):
 
 
 @njit(cache=True)
-def _push_row(indptr, indices, w, outw, seeds, seedw, damping, eps, out):
+def _push_row(
+    indptr, indices, w, outw, in_ptr, in_idx, in_val, in_outw, seeds, seedw, damping, eps, out
+):
     """Forward push for one reset (``seeds`` with normalised weights ``seedw``).
 
-    A node is pushed while its residual exceeds ``eps * out-weight`` (``eps`` for dangling
+    A node is pushed while its residual exceeds ``eps * out-weight`` (``eps * 1`` for dangling
     nodes, whose pushed mass goes back to the reset distribution).  Writes the normalised
-    estimate ``p + (1 - damping) * residual`` into the zeroed row ``out`` and returns the
-    number of pushes.
+    estimate ``p + (1 - damping) * residual`` into the zeroed row ``out``, where the
+    ``_REFINE`` largest entries also get the residual's next step along the in-edges
+    (``in_ptr / in_idx / in_val``: weights with ``in_outw`` the out-weights of the sources, or
+    transition probabilities when ``in_outw`` is empty).  Returns the number of pushes.
     """
     n = outw.size
     res = np.zeros(n)
@@ -518,26 +544,88 @@ def _push_row(indptr, indices, w, outw, seeds, seedw, damping, eps, out):
                 tail += 1
                 if tail == cap:
                     tail = 0
-    total = 0.0
+    # estimate p + (1 - damping) * residual, then refine the best _REFINE nodes with the next
+    # step of the residual flowing into them: + damping * (1 - damping) * (P^T res)[v]
+    heap_v = np.empty(_REFINE)
+    heap_i = np.empty(_REFINE, dtype=np.int64)
+    size = 0
     for t in range(nt):
         v = touched[t]
         x = out[v] + (1.0 - damping) * res[v]
         out[v] = x
-        total += x
+        if size < _REFINE:
+            _heap_push(heap_v, heap_i, size, x, v)
+            size += 1
+        elif x > heap_v[0]:
+            _heap_replace(heap_v, heap_i, size, x, v)
+    coef = damping * (1.0 - damping)
+    for c in range(size):
+        v = heap_i[c]
+        acc = 0.0
+        if in_outw.size:  # in-edges given by weight and the source's out-weight
+            for e in range(_U(in_ptr[v]), _U(in_ptr[v + 1])):
+                u = _U(in_idx[e])
+                if in_outw[u] > 0.0:
+                    acc += res[u] * in_val[e] / in_outw[u]
+        else:  # in-edges given by transition probability
+            for e in range(_U(in_ptr[v]), _U(in_ptr[v + 1])):
+                acc += res[_U(in_idx[e])] * in_val[e]
+        out[v] += coef * acc
+    total = 0.0
+    for t in range(nt):
+        total += out[touched[t]]
     for t in range(nt):
         out[touched[t]] /= total
     return pushes
 
 
+@njit(cache=True)
+def _heap_push(hv, hi, size, x, v):
+    """Insert ``(x, v)`` into the min-heap ``hv[:size]`` / ``hi[:size]``."""
+    j = size
+    while j > 0:
+        parent = (j - 1) // 2
+        if hv[parent] <= x:
+            break
+        hv[j] = hv[parent]
+        hi[j] = hi[parent]
+        j = parent
+    hv[j] = x
+    hi[j] = v
+
+
+@njit(cache=True)
+def _heap_replace(hv, hi, size, x, v):
+    """Replace the minimum of the heap ``hv[:size]`` by ``(x, v)``."""
+    j = 0
+    while True:
+        c = 2 * j + 1
+        if c >= size:
+            break
+        if c + 1 < size and hv[c + 1] < hv[c]:
+            c += 1
+        if hv[c] >= x:
+            break
+        hv[j] = hv[c]
+        hi[j] = hi[c]
+        j = c
+    hv[j] = x
+    hi[j] = v
+
+
 @njit(parallel=True, cache=True)
-def _push_batch(indptr, indices, w, outw, seed_ptr, seeds, seedw, damping, eps, out):
+def _push_batch(
+    indptr, indices, w, outw, in_ptr, in_idx, in_val, in_outw, seed_ptr, seeds, seedw, damping,
+    eps, out,
+):
     b = seed_ptr.size - 1
     pushes = np.zeros(b, dtype=np.int64)
     for k in prange(b):
         lo = seed_ptr[k]
         hi = seed_ptr[k + 1]
         pushes[k] = _push_row(
-            indptr, indices, w, outw, seeds[lo:hi], seedw[lo:hi], damping, eps, out[k]
+            indptr, indices, w, outw, in_ptr, in_idx, in_val, in_outw, seeds[lo:hi],
+            seedw[lo:hi], damping, eps, out[k],
         )
     return pushes
 
@@ -784,7 +872,8 @@ def _power(g: PPRGraph, r_norm, damping, tol, max_iter):
             )
             out = x.reshape(1, n)
         else:
-            x, it = _cg_batch(
+            solve = _cg_rows if b < _MIN_BLOCK_ROWS else _cg_batch
+            x, it = solve(
                 g.indptr, g.indices, g.sym_weight, g.sqrt_out, np.ascontiguousarray(r_norm.T),
                 damping, tol, max_iter,
             )
@@ -814,15 +903,15 @@ def _push(g: PPRGraph, r2, sums, damping, eps):
     b, n = r2.shape
     out = np.zeros((b, n))
     seed_ptr, seeds, seedw = _nonzeros(r2, sums)
+    if g.symmetric:  # in-edges = out-edges
+        into = (g.indptr, g.indices, g.weights, g.out_weight)
+    else:
+        into = (g.tindptr, g.tindices, g.tprob, np.zeros(0))
+    graph = (g.indptr, g.indices, g.weights, g.out_weight, *into)
     if b == 1:
-        pushes = _push_row(
-            g.indptr, g.indices, g.weights, g.out_weight, seeds, seedw, damping, eps, out[0]
-        )
+        pushes = _push_row(*graph, seeds, seedw, damping, eps, out[0])
         return out, np.array([pushes])
-    pushes = _push_batch(
-        g.indptr, g.indices, g.weights, g.out_weight, seed_ptr, seeds, seedw, damping, eps, out
-    )
-    return out, pushes
+    return out, _push_batch(*graph, seed_ptr, seeds, seedw, damping, eps, out)
 
 
 def ppr(
@@ -837,14 +926,21 @@ def ppr(
 ) -> np.ndarray:
     """Personalized PageRank of every reset row over a prepared graph (see :func:`prepare_graph`).
 
-    ``reset``: ``(n,)`` or ``(b, n)`` non-negative weights, normalised per row here.
-    ``damping`` is the probability of following an edge; dangling nodes send their mass back
-    to the reset distribution.
+    ``reset``: ``(n,)`` or ``(b, n)`` non-negative finite weights, normalised per row here
+    (every row needs positive mass).  ``damping`` is the probability of following an edge;
+    dangling nodes send their mass back to the reset distribution.
 
-    ``method="power"`` iterates until the L1 change of every row is below ``tol`` (or
-    ``max_iter``); ``b`` rows share one pass over the graph per iteration.
-    ``method="push"`` runs a local forward push (residual threshold ``eps * out-weight``),
-    whose cost depends on the touched neighbourhood only.
+    ``method="power"`` (exact): on symmetric graphs conjugate gradients stop once a bound on
+    the L1 error of every row is below ``tol``; otherwise power iteration stops once the L1
+    change of every row is below ``tol``; at most ``max_iter`` sweeps.  ``b`` rows share
+    each pass over the graph.
+
+    ``method="push"`` (approximate, local): forward push with the residual threshold
+    ``eps * out-weight`` of a node (the reset normalised to mass 1), so its cost depends on
+    the touched neighbourhood, not on ``n``.  The estimate is ``p + (1 - damping) *
+    residual``, and the 64 largest entries also receive the residual's next step along their
+    in-edges, which keeps the top of the ranking close to the exact one (on a 97k-node
+    power-law graph ``eps=1e-6`` gives the exact top-10 set on ~97% of queries).
 
     Returns float64 scores with the shape of ``reset``, each row summing to 1.
     """

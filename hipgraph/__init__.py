@@ -10,13 +10,17 @@ from hipgraph.config import (
     ChunkConfig,
     EmbedderConfig,
     ExtractorConfig,
+    GraphRetrievalConfig,
     IndexConfig,
+    RetrievalConfig,
     SynonymConfig,
     VectorIndexConfig,
 )
 from hipgraph.errors import (
+    ConfigError,
     HipgraphError,
     IndexLockedError,
+    IndexNotFoundError,
     InputError,
     SchemaVersionError,
 )
@@ -27,7 +31,8 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 __version__ = "0.1.0"
 
 __all__ = [
-    "ChatConfig", "ChunkConfig", "Document", "EmbedderConfig", "ExtractorConfig", "HipGraph",
-    "HipgraphError", "Hit", "IndexConfig", "IndexLockedError", "IndexReport", "InputError",
-    "SchemaVersionError", "SynonymConfig", "VectorIndexConfig", "open",
+    "ChatConfig", "ChunkConfig", "ConfigError", "Document", "EmbedderConfig", "ExtractorConfig",
+    "GraphRetrievalConfig", "HipGraph", "HipgraphError", "Hit", "IndexConfig", "IndexLockedError",
+    "IndexNotFoundError", "IndexReport", "InputError", "RetrievalConfig", "SchemaVersionError",
+    "SynonymConfig", "VectorIndexConfig", "open",
 ]

@@ -227,6 +227,9 @@ def cmd_query(args: argparse.Namespace) -> int:
         for h in hits:
             text = h.text if len(h.text) <= 240 else h.text[:237] + "..."
             print(f"{h.rank:>3}. [{h.score:.4f}] {h.title} (doc {h.doc_id})\n     {text}")
+            path = [step["name"] for step in h.why.get("path", []) if "name" in step]
+            if path:
+                print(f"     via: {' -> '.join(path)} -> this passage")
     return 0
 
 

@@ -54,6 +54,7 @@ class EmbedderConfig:
     # int8: dynamic int8 attention projections (for CPUs without bf16; cosine to fp32 ~0.997)
     precision: str = "auto"
     threads: int | None = None  # torch intra-op threads; None = all cores
+    small_batch: int = 8  # calls with at most this many texts (queries) run on one CPU thread
     # openai backend
     base_url: str | None = None
     model: str | None = None
@@ -71,6 +72,7 @@ class EmbedderConfig:
         _check(self.precision in {"auto", "fp32", "bf16", "int8"},
                f"embedder.precision must be auto|fp32|bf16|int8, got {self.precision!r}")
         _check(self.threads is None or self.threads >= 1, "embedder.threads must be >= 1")
+        _check(self.small_batch >= 0, "embedder.small_batch must be >= 0")
         if self.name == "openai":
             _check(bool(self.base_url), "embedder.base_url is required for the openai embedder")
             _check(bool(self.model), "embedder.model is required for the openai embedder")

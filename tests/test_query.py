@@ -62,6 +62,10 @@ def test_graph_scores_equal_igraph_ppr_over_the_stored_edges(inline_index):
     entities = [r[0] for r in hg.store.con.execute("SELECT id FROM entities ORDER BY id").fetchall()]
     node = {("p", p): i for i, p in enumerate(passages)}
     node.update({("e", e): len(passages) + i for i, e in enumerate(entities)})
+    # the entity -> passage matrix holds exactly the stored mentions
+    mentions = {(node[("e", e)] - len(passages), node[("p", p)]) for p, e in hg.store.con.execute(
+        "SELECT DISTINCT passage_id, entity_id FROM mentions").fetchall()}
+    assert {(e, int(p)) for e in range(len(entities)) for p in snap.entity_passages(e)} == mentions
     g = igraph.Graph(n=len(node), directed=True)
     es, ws = [], []
     for etype, src, dst, w in _edges(hg):
@@ -93,7 +97,8 @@ def test_strongest_path_prefers_the_likelier_walk():
     indptr, indices, weights = to_csr(6, src, dst, np.array([3.0, 1.0, 1.0, 1.0, 1.0]))
     arrays = {"passage_ids": np.array([10, 11]), "entity_ids": np.array([20, 21, 22, 23]),
               "indptr": indptr, "indices": indices, "weights": weights,
-              "entity_passage_count": np.ones(4, np.int32), "fact_ids": np.zeros(0, np.int64),
+              "entity_passage_indptr": np.array([0, 0, 1, 2, 3]),
+              "entity_passage_indices": np.array([0, 0, 1], np.int32), "fact_ids": np.zeros(0, np.int64),
               "fact_subject": np.zeros(0, np.int32), "fact_object": np.zeros(0, np.int32)}
     snap = _assemble(0, arrays)
     path, score = strongest_path(snap, Seeds(entities={0: 1.0}), 0)

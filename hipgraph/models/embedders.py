@@ -8,6 +8,7 @@ duplicate texts in one call are embedded once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -114,7 +115,9 @@ class MiniLMEmbedder:
         with self._lock:
             if self._model is None:
                 self._load()
-            vectors = self._embed_unique([str(t) for t in unique])
+            small = self._device == "cpu" and len(unique) <= self.config.small_batch
+            with _torch_threads(1 if small else None):
+                vectors = self._embed_unique([str(t) for t in unique])
         return vectors[inverse.reshape(-1)]
 
     def _embed_unique(self, texts: list[str]) -> np.ndarray:
@@ -142,6 +145,27 @@ class MiniLMEmbedder:
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
                 out[batch_idx] = pooled.cpu().numpy()
         return out
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int | None):
+    """Run with ``n`` torch intra-op threads (None: unchanged), restoring the previous count.
+
+    Small calls (queries) run on one thread: with every core in the OpenMP team, a single core
+    taken by another process stalls each parallel region at its barrier, and a 7 ms query embedding
+    was measured at 100-240 ms under such contention (8-10 ms on one thread).
+    """
+    import torch  # noqa: PLC0415
+
+    before = torch.get_num_threads()
+    if n is None or n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _quantize_attention_int8(model):

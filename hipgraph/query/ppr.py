@@ -13,8 +13,10 @@ symmetric scaling, dangling set) and run many :func:`ppr` queries on it.  Exact 
 
 * symmetric graphs (undirected, both directions stored): conjugate gradients on the
   symmetric system ``(I - d D^-1/2 W D^-1/2) y = D^-1/2 r`` (``x = D^1/2 y``), which needs
-  fewer sweeps than power iteration (11 instead of 14 at ``tol=1e-8`` on a 97k-node graph); a ``(b, n)`` batch runs in blocks of 8 resets laid out
-  ``(n, 8)`` (one cache line per gathered row), blocks in parallel;
+  fewer sweeps than power iteration (11 instead of 14 at ``tol=1e-8`` on a 97k-node graph).
+  One reset on a graph with >= 2**24 edges splits its matrix products over the threads; a
+  ``(b, n)`` batch runs in blocks of 8 resets laid out ``(n, 8)`` (one cache line per
+  gathered row), blocks in parallel (fewer than 4 resets: one by one, in parallel);
 * other graphs: pull power iteration over the transpose with pre-divided float32 transition
   probabilities.
 
@@ -36,6 +38,10 @@ __all__ = ["PPRGraph", "personalized_pagerank", "ppr", "prepare_graph", "to_csr"
 _METHODS = ("power", "push")
 _REFINE = 64  # push: the best estimates refined by one more residual step (top-k accuracy)
 _MIN_BLOCK_ROWS = 4  # fewer resets are solved one by one (in parallel) instead of in a block
+# One symmetric reset is solved with parallel matrix products from this many edges.  On a
+# 2.7M-edge graph that is 1.4x faster on idle cores but 1.3-1.8x slower when other processes
+# keep the cores busy (every sweep waits for the slowest thread), hence the high bar.
+_PAR_EDGES = 1 << 24
 _BLOCK = 8  # resets per conjugate-gradient block: one cache line of a float64 block row
 # Hot loops index with unsigned integers: numba then skips its negative-index wraparound
 # code, which otherwise costs ~30% in the edge loops.  Never do arithmetic on these values
@@ -273,6 +279,63 @@ def _sym_values(indptr, indices, w32, outw):
 
 
 @njit(cache=True)
+def _cg_start(r, sq, damping, res, p):
+    """Initial residual ``(1 - damping) D^-1/2 r`` (= direction); returns ``(r.r, L1 in x)``."""
+    rr = 0.0
+    l1 = 0.0
+    for i in range(r.size):
+        v = (1.0 - damping) * r[i] / sq[i] if sq[i] > 0.0 else 0.0
+        res[i] = v
+        p[i] = v
+        rr += v * v
+        l1 += abs(v) * sq[i]
+    return rr, l1
+
+
+@njit(cache=True)
+def _cg_matvec(lo, hi, ptr, idx, sv, p, q, damping):
+    """``q = p - damping * S p`` on rows ``lo..hi``; returns their part of ``p.q``."""
+    pq = 0.0
+    for i in range(lo, hi):
+        acc = 0.0
+        for e in range(_U(ptr[i]), _U(ptr[i + 1])):
+            acc += sv[e] * p[_U(idx[e])]
+        v = p[i] - damping * acc
+        q[i] = v
+        pq += p[i] * v
+    return pq
+
+
+@njit(cache=True)
+def _cg_step(lo, hi, alpha, y, res, p, q, sq):
+    """``y += alpha p``, ``res -= alpha q`` on rows ``lo..hi``; returns their part of the new
+    ``res.res`` and of the x-space L1 residual ``sum |res| sqrt(D)``."""
+    rr = 0.0
+    l1 = 0.0
+    for i in range(lo, hi):
+        y[i] += alpha * p[i]
+        v = res[i] - alpha * q[i]
+        res[i] = v
+        rr += v * v
+        l1 += abs(v) * sq[i]
+    return rr, l1
+
+
+@njit(cache=True)
+def _cg_direction(lo, hi, beta, res, p):
+    for i in range(lo, hi):
+        p[i] = res[i] + beta * p[i]
+
+
+@njit(cache=True)
+def _cg_finish(y, sq, r, damping):
+    """``x = D^1/2 y`` (in place), ``(1 - damping) r`` on nodes without out-weight."""
+    for i in range(y.size):
+        y[i] = y[i] * sq[i] if sq[i] > 0.0 else (1.0 - damping) * r[i]
+    return y
+
+
+@njit(cache=True)
 def _cg_1(ptr, idx, sv, sq, r, damping, tol, max_iter):
     """Conjugate gradients for one reset on a symmetric graph; returns ``(x, iterations)``.
 
@@ -287,43 +350,41 @@ def _cg_1(ptr, idx, sv, sq, r, damping, tol, max_iter):
     res = np.empty(n)
     p = np.empty(n)
     q = np.empty(n)
-    rr = 0.0
-    l1 = 0.0
-    for i in range(n):
-        v = (1.0 - damping) * r[i] / sq[i] if sq[i] > 0.0 else 0.0
-        res[i] = v
-        p[i] = v
-        rr += v * v
-        l1 += abs(v) * sq[i]
+    rr, l1 = _cg_start(r, sq, damping, res, p)
+    bound = tol * (1.0 - damping)
+    it = 0
+    while it < max_iter and l1 >= bound and rr > 0.0:
+        it += 1
+        alpha = rr / _cg_matvec(0, n, ptr, idx, sv, p, q, damping)
+        rr_new, l1 = _cg_step(0, n, alpha, y, res, p, q, sq)
+        _cg_direction(0, n, rr_new / rr, res, p)
+        rr = rr_new
+    return _cg_finish(y, sq, r, damping), it
+
+
+@njit(parallel=True, cache=True)
+def _cg_1_par(ptr, idx, sv, sq, r, bounds, damping, tol, max_iter):
+    """:func:`_cg_1` with every matrix product split over the row ranges ``bounds`` (about
+    equal edge counts) in parallel."""
+    n = r.size
+    nchunks = bounds.size - 1
+    y = np.zeros(n)
+    res = np.empty(n)
+    p = np.empty(n)
+    q = np.empty(n)
+    rr, l1 = _cg_start(r, sq, damping, res, p)
     bound = tol * (1.0 - damping)
     it = 0
     while it < max_iter and l1 >= bound and rr > 0.0:
         it += 1
         pq = 0.0
-        for i in range(n):
-            acc = 0.0
-            for e in range(_U(ptr[i]), _U(ptr[i + 1])):
-                acc += sv[e] * p[_U(idx[e])]
-            v = p[i] - damping * acc
-            q[i] = v
-            pq += p[i] * v
-        alpha = rr / pq
-        rr_new = 0.0
-        l1 = 0.0
-        for i in range(n):
-            y[i] += alpha * p[i]
-            v = res[i] - alpha * q[i]
-            res[i] = v
-            rr_new += v * v
-            l1 += abs(v) * sq[i]
-        beta = rr_new / rr
+        for c in prange(nchunks):
+            pq += _cg_matvec(bounds[c], bounds[c + 1], ptr, idx, sv, p, q, damping)
+        # the vector updates are cheap and stay serial: fewer thread synchronisations
+        rr_new, l1 = _cg_step(0, n, rr / pq, y, res, p, q, sq)
+        _cg_direction(0, n, rr_new / rr, res, p)
         rr = rr_new
-        for i in range(n):
-            p[i] = res[i] + beta * p[i]
-    x = y  # reuse the buffer
-    for i in range(n):
-        x[i] = y[i] * sq[i] if sq[i] > 0.0 else (1.0 - damping) * r[i]
-    return x, it
+    return _cg_finish(y, sq, r, damping), it
 
 
 @njit(cache=True)
@@ -866,10 +927,17 @@ def _power(g: PPRGraph, r_norm, damping, tol, max_iter):
     b, n = r_norm.shape
     if g.symmetric:
         if b == 1:
-            x, it = _cg_1(
-                g.indptr, g.indices, g.sym_weight, g.sqrt_out, np.ascontiguousarray(r_norm[0]),
-                damping, tol, max_iter,
-            )
+            r = np.ascontiguousarray(r_norm[0])
+            if g.m >= _PAR_EDGES and numba.get_num_threads() > 1:
+                bounds = _edge_bounds(g.indptr, 2 * numba.get_num_threads())
+                x, it = _cg_1_par(
+                    g.indptr, g.indices, g.sym_weight, g.sqrt_out, r, bounds, damping, tol,
+                    max_iter,
+                )
+            else:
+                x, it = _cg_1(
+                    g.indptr, g.indices, g.sym_weight, g.sqrt_out, r, damping, tol, max_iter
+                )
             out = x.reshape(1, n)
         else:
             solve = _cg_rows if b < _MIN_BLOCK_ROWS else _cg_batch

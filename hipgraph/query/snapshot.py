@@ -27,9 +27,9 @@ from hipgraph.store.database import GraphStore
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT_FORMAT = 1
-_ARRAYS = ("passage_ids", "entity_ids", "indptr", "indices", "weights", "entity_passage_count",
-           "fact_ids", "fact_subject", "fact_object")
+SNAPSHOT_FORMAT = 2
+_ARRAYS = ("passage_ids", "entity_ids", "indptr", "indices", "weights", "entity_passage_indptr",
+           "entity_passage_indices", "fact_ids", "fact_subject", "fact_object")
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,22 @@ class GraphSnapshot:
     indptr: np.ndarray  # (P+E+1,) int64 symmetric CSR
     indices: np.ndarray  # int32 neighbour nodes
     weights: np.ndarray  # float64 edge weights
-    entity_passage_count: np.ndarray  # (E,) int32 distinct passages mentioning each entity
+    entity_passage_indptr: np.ndarray  # (E+1,) int64: entity -> passages CSR (the mention matrix)
+    entity_passage_indices: np.ndarray  # int32 passage nodes mentioning each entity, ascending
     fact_ids: np.ndarray  # (F,) int64 ascending, retrievable facts (kind 'triple')
     fact_subject: np.ndarray  # (F,) int32 entity index (0 .. E-1) of the subject
     fact_object: np.ndarray  # (F,) int32 entity index of the object
     ppr_graph: PPRGraph
+
+    @cached_property
+    def entity_passage_count(self) -> np.ndarray:
+        """(E,) distinct passages mentioning each entity."""
+        return np.diff(self.entity_passage_indptr).astype(np.int32)
+
+    def entity_passages(self, entity: int) -> np.ndarray:
+        """Passage nodes that mention entity index ``entity``."""
+        lo, hi = int(self.entity_passage_indptr[entity]), int(self.entity_passage_indptr[entity + 1])
+        return self.entity_passage_indices[lo:hi]
 
     @property
     def n_passages(self) -> int:
@@ -118,14 +129,14 @@ def build_snapshot(store: GraphStore) -> GraphSnapshot:
     dst = np.concatenate([n_p + mention_dst[ok_m], n_p + ent_dst[ok_e]])
     weight = np.concatenate([np.ones(int(ok_m.sum())), np.asarray(w_e, np.float64)[ok_e]])
     indptr, indices, weights = to_csr(n_p + n_e, src, dst, weight, undirected=True)
-    # distinct passages per entity (mention edges are distinct per passage-entity pair)
-    count = np.bincount(mention_dst[ok_m], minlength=n_e).astype(np.int32)
+    # entity -> passage matrix (mention edges are distinct per passage-entity pair)
+    ep_indptr, ep_indices, _ = to_csr(n_e, mention_dst[ok_m], mention_src[ok_m], undirected=False)
     fid, fs, fo = _column(
         store, "SELECT id, subject_id, object_id FROM facts WHERE kind = 'triple' ORDER BY id")
     return _assemble(generation, {
         "passage_ids": passage_ids, "entity_ids": entity_ids,
         "indptr": indptr, "indices": indices, "weights": weights,
-        "entity_passage_count": count,
+        "entity_passage_indptr": ep_indptr, "entity_passage_indices": ep_indices,
         "fact_ids": fid.astype(np.int64),
         "fact_subject": _lookup(entity_ids, fs).astype(np.int32),
         "fact_object": _lookup(entity_ids, fo).astype(np.int32),

@@ -61,8 +61,11 @@ def main() -> int:
             done = 0
             for start in range(0, len(questions), args.batch):
                 batch = questions[start:start + args.batch]
+                tb = time.perf_counter()
                 hg.retrieve_many(batch, k=args.k, mode=mode)
                 done += len(batch)
+                if os.environ.get("HIPGRAPH_BENCH_DEBUG"):
+                    print(mode, len(batch), round(time.perf_counter() - tb, 3), file=sys.stderr)
             batch_s = time.perf_counter() - t0
             rows.append({"mode": mode, "p50_ms": round(percentile(times, 0.5), 2),
                          "p95_ms": round(percentile(times, 0.95), 2),

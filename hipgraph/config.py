@@ -195,6 +195,9 @@ class GraphRetrievalConfig:
     ppr_method: str = "power"  # power (exact) | push (local approximation)
     ppr_tol: float = 1e-7
     ppr_eps: float = 1e-6  # push threshold
+    # numba threads for query-time PPR; one leaves the other cores to the embedder and spaCy
+    # (raise it for large graphs on machines with idle cores)
+    ppr_threads: int = 1
     explain: bool = True  # attach seeds and the strongest seed-to-passage path to each hit
     fact_filter: bool = True  # LLM recognition memory, used only when RetrievalConfig.llm is set
 
@@ -210,6 +213,7 @@ class GraphRetrievalConfig:
         _check(self.ppr_method in {"power", "push"},
                f"graph.ppr_method must be power|push, got {self.ppr_method!r}")
         _check(self.ppr_tol > 0 and self.ppr_eps > 0, "graph.ppr_tol and ppr_eps must be > 0")
+        _check(self.ppr_threads >= 1, "graph.ppr_threads must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 
 from hipgraph.config import GraphRetrievalConfig
@@ -96,8 +97,13 @@ def passage_scores(snapshot: GraphSnapshot, reset: np.ndarray, cfg: GraphRetriev
     """PPR mass of every passage node, ``(b, P)``."""
     if reset.shape[0] == 0:
         return np.zeros((0, snapshot.n_passages))
-    x = ppr(snapshot.ppr_graph, reset, damping=cfg.damping, tol=cfg.ppr_tol,
-            method=cfg.ppr_method, eps=cfg.ppr_eps)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(cfg.ppr_threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        x = ppr(snapshot.ppr_graph, reset, damping=cfg.damping, tol=cfg.ppr_tol,
+                method=cfg.ppr_method, eps=cfg.ppr_eps)
+    finally:
+        numba.set_num_threads(before)
     return np.asarray(x)[:, : snapshot.n_passages]
 
 
@@ -126,36 +132,46 @@ def strongest_path(snapshot: GraphSnapshot, seeds: Seeds, target: int) -> tuple[
     if not seed_nodes:
         return [], 0.0
     out = snapshot.out_weight
-    # best[node] = (probability of walking node -> ... -> target, next node)
-    best: dict[int, tuple[float, int]] = {target: (1.0, -1)}
-    frontier = [target]
+    indptr, indices, weights = snapshot.indptr, snapshot.indices, snapshot.weights
+    # reach[u]: probability of the best walk u -> ... -> target found so far; nxt[u]: its next node
+    reach = np.zeros(snapshot.n_nodes)
+    nxt = np.full(snapshot.n_nodes, -1, dtype=np.int64)
+    reach[target] = 1.0
+    frontier = np.array([target], dtype=np.int64)
     for _ in range(2):
-        nxt: dict[int, tuple[float, int]] = {}
-        for v in frontier:
-            pv = best[v][0]
-            nbrs, ws = snapshot.neighbors(v)
-            for u, w in zip(nbrs.tolist(), ws.tolist(), strict=True):
-                if out[u] <= 0:
-                    continue
-                prob = pv * w / out[u]
-                if prob > best.get(u, (0.0, -1))[0] and prob > nxt.get(u, (0.0, -1))[0]:
-                    nxt[u] = (prob, v)
-        best.update(nxt)
-        frontier = [u for u in nxt if u >= p]  # walks continue through entities only
+        starts = indptr[frontier]
+        lens = indptr[frontier + 1] - starts
+        total = int(lens.sum())
+        if total == 0:
+            break
+        edge = np.repeat(starts - np.cumsum(lens) + lens, lens) + np.arange(total)
+        u = indices[edge].astype(np.int64)
+        v = np.repeat(frontier, lens)
+        ou = out[u]
+        ok = ou > 0
+        u, v, prob = u[ok], v[ok], reach[v[ok]] * weights[edge][ok] / ou[ok]
+        order = np.lexsort((v, -prob))  # best walk per node first; ties to the smaller next node
+        nodes, first = np.unique(u[order], return_index=True)
+        prob, via = prob[order][first], v[order][first]
+        better = prob > reach[nodes]
+        nodes, prob, via = nodes[better], prob[better], via[better]
+        reach[nodes] = prob
+        nxt[nodes] = via
+        frontier = nodes[nodes >= p]  # walks continue through entities only
     for s in seed_nodes:  # third edge: seed -> a node already reached
-        if s in best:
+        if reach[s] > 0 or out[s] <= 0:
             continue
-        nbrs, ws = snapshot.neighbors(s)
-        for u, w in zip(nbrs.tolist(), ws.tolist(), strict=True):
-            if u in best and out[s] > 0:
-                prob = best[u][0] * w / out[s]
-                if prob > best.get(s, (0.0, -1))[0]:
-                    best[s] = (prob, u)
-    scored = [(w * best[s][0], s) for s, w in seed_nodes.items() if s in best]
+        lo, hi = int(indptr[s]), int(indptr[s + 1])
+        nbrs = indices[lo:hi]
+        prob = reach[nbrs] * weights[lo:hi] / out[s]
+        if prob.size and prob.max() > 0:
+            j = int(np.argmax(prob))
+            reach[s], nxt[s] = prob[j], int(nbrs[j])
+    scored = [(w * reach[s], s) for s, w in seed_nodes.items() if reach[s] > 0]
     if not scored:
         return [], 0.0
     score, node = max(scored, key=lambda t: (t[0], -t[1]))
     path = [node]
-    while best[path[-1]][1] != -1:
-        path.append(best[path[-1]][1])
-    return path, score
+    while nxt[path[-1]] != -1:
+        path.append(int(nxt[path[-1]]))
+    return path, float(score)

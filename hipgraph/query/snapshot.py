@@ -187,10 +187,13 @@ def load_snapshot(folder: Path, generation: int) -> GraphSnapshot | None:
     return _assemble(generation, arrays)
 
 
-def current_snapshot(store: GraphStore, previous: GraphSnapshot | None = None) -> GraphSnapshot:
-    """The snapshot of the store's current generation: ``previous`` if still current, else the
-    cached files, else a fresh build (saved to the cache when the folder is writable)."""
-    generation = int(store.meta_get("generation", 0))
+def current_snapshot(store: GraphStore, previous: GraphSnapshot | None = None,
+                     generation: int | None = None) -> GraphSnapshot:
+    """The snapshot of the store's current generation (read from ``meta`` unless given):
+    ``previous`` if still current, else the cached files, else a fresh build (saved to the cache
+    when the folder is writable)."""
+    if generation is None:
+        generation = int(store.meta_get("generation", 0))
     if previous is not None and previous.generation == generation:
         return previous
     folder = cache_dir(store.root)

@@ -96,28 +96,21 @@ class Retriever:
         self._bm25: Any = None
         self._bm25_generation = -1
         self._filter: FactFilter | None = None
-        self._generation: int | None = None  # set for the duration of one request
 
     # ------------------------------------------------------------------ derived state
-    def _current_generation(self) -> int:
-        """The index generation, read once per request (every write bumps it)."""
-        if self._generation is None:
-            return int(self.store.meta_get("generation", 0))
-        return self._generation
-
     def snapshot(self) -> GraphSnapshot:
-        self._snapshot = current_snapshot(self.store, self._snapshot, self._current_generation())
+        self._snapshot = current_snapshot(self.store, self._snapshot, self.store.generation)
         return self._snapshot
 
     def _entity_names(self) -> EntityNames:
-        if self._names is None or self._names.generation != self._current_generation():
+        if self._names is None or self._names.generation != self.store.generation:
             self._names = EntityNames(self.store)
         return self._names
 
     def _bm25_index(self, cfg: RetrievalConfig):
         from hipgraph.query.bm25 import BM25Config, BM25Index  # noqa: PLC0415 - optional mode
 
-        generation = self._current_generation()
+        generation = self.store.generation
         bm_cfg = BM25Config(k1=cfg.bm25_k1, b=cfg.bm25_b)
         if self._bm25 is not None and self._bm25_generation == generation \
                 and self._bm25.config == bm_cfg:
@@ -157,13 +150,9 @@ class Retriever:
         questions = list(questions)
         if not questions:
             return []
-        self._generation = int(self.store.meta_get("generation", 0))
-        try:
-            with _blas_threads(1):
-                rankings = self.rank(questions, k, mode, config or self.config)
-                return to_hits(self.store, rankings, k)
-        finally:
-            self._generation = None
+        with _blas_threads(1):
+            rankings = self.rank(questions, k, mode, config or self.config)
+            return to_hits(self.store, rankings, k)
 
     def rank(self, questions: list[str], depth: int, mode: str, cfg: RetrievalConfig) -> list[Ranked]:
         """Best ``depth`` passages per question as ``(passage id, score, why)``."""

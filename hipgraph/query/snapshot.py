@@ -110,7 +110,7 @@ def _column(store: GraphStore, sql: str) -> list[np.ndarray]:
 
 def build_snapshot(store: GraphStore) -> GraphSnapshot:
     """Read the graph from DuckDB into a fresh :class:`GraphSnapshot`."""
-    generation = int(store.meta_get("generation", 0))
+    generation = store.generation
     (passage_ids,) = _column(store, "SELECT id FROM passages ORDER BY id")
     (entity_ids,) = _column(store, "SELECT id FROM entities ORDER BY id")
     passage_ids = passage_ids.astype(np.int64)
@@ -193,7 +193,7 @@ def current_snapshot(store: GraphStore, previous: GraphSnapshot | None = None,
     ``previous`` if still current, else the cached files, else a fresh build (saved to the cache
     when the folder is writable)."""
     if generation is None:
-        generation = int(store.meta_get("generation", 0))
+        generation = store.generation
     if previous is not None and previous.generation == generation:
         return previous
     folder = cache_dir(store.root)

@@ -62,6 +62,7 @@ class GraphStore:
         self.read_only = read_only
         self.created = False  # True when this open created the schema
         self._in_tx = False
+        self._generation: int | None = None
 
     # ------------------------------------------------------------------ opening
     @staticmethod
@@ -179,6 +180,17 @@ class GraphStore:
             "INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, json.dumps(value, sort_keys=True)]
         )
 
+    @property
+    def generation(self) -> int:
+        """The index generation, bumped by every write that changes the graph.
+
+        Cached between transactions: DuckDB's file lock lets no other process write while this
+        connection is open, so only this object's transactions can change it.
+        """
+        if self._generation is None or self._in_tx:
+            self._generation = int(self.meta_get("generation", 0))
+        return self._generation
+
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """One atomic write: everything inside commits together or not at all."""
@@ -188,13 +200,16 @@ class GraphStore:
             return
         self.con.execute("BEGIN TRANSACTION")
         self._in_tx = True
+        self._generation = None
         try:
             yield self.con
         except BaseException:
             self._in_tx = False
+            self._generation = None
             self.con.execute("ROLLBACK")
             raise
         self._in_tx = False
+        self._generation = None
         self.con.execute("COMMIT")
 
     def _require_writable(self) -> None:
@@ -213,6 +228,7 @@ class GraphStore:
     def bump_generation(self) -> int:
         generation = int(self.meta_get("generation", 0)) + 1
         self.meta_set("generation", generation)
+        self._generation = None
         return generation
 
     # ------------------------------------------------------------------ bulk helpers

@@ -5,13 +5,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hipgraph-installed
 DEV_STAMP := $(VENV)/.hipgraph-dev-installed
 DEMO_DB ?= indexes/sample
+MULTIHOP ?= ../shared/data/multihop
 QUESTION ?= Who was the first president of the association which published Journal of Psychotherapy Integration?
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install install-dev lint bench clean
+.PHONY: demo test install install-dev lint bench bench-query clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +41,14 @@ test: $(DEV_STAMP)
 
 bench: $(DEV_STAMP)
 	$(PY) benchmarks/index_throughput.py
+
+# retrieval quality per mode, query latency and PPR kernels on the MuSiQue bundle's index
+bench-query: $(DEV_STAMP)
+	$(VENV)/bin/hipgraph eval --db indexes/musique $(MULTIHOP)/musique_train100.json \
+		--modes graph,dense,bm25,hybrid --k 1,2,5,10
+	$(PY) benchmarks/query_latency.py --db indexes/musique --bundle $(MULTIHOP)/musique_train100.json
+	$(PY) benchmarks/ppr.py
+	$(PY) benchmarks/ppr.py --db indexes/musique
 
 clean:
 	rm -rf indexes .pytest_cache .ruff_cache

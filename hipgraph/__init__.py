@@ -10,6 +10,7 @@ from hipgraph.config import (
     ChunkConfig,
     EmbedderConfig,
     ExtractorConfig,
+    GeneratorConfig,
     GraphRetrievalConfig,
     IndexConfig,
     RetrievalConfig,
@@ -24,15 +25,15 @@ from hipgraph.errors import (
     InputError,
     SchemaVersionError,
 )
-from hipgraph.types import Document, Hit, IndexReport
+from hipgraph.types import Answer, Document, Hit, IndexReport
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ChatConfig", "ChunkConfig", "ConfigError", "Document", "EmbedderConfig", "ExtractorConfig",
-    "GraphRetrievalConfig", "HipGraph", "HipgraphError", "Hit", "IndexConfig", "IndexLockedError",
+    "Answer", "ChatConfig", "ChunkConfig", "ConfigError", "Document", "EmbedderConfig", "ExtractorConfig",
+    "GeneratorConfig", "GraphRetrievalConfig", "HipGraph", "HipgraphError", "Hit", "IndexConfig", "IndexLockedError",
     "IndexNotFoundError", "IndexReport", "InputError", "RetrievalConfig", "SchemaVersionError",
     "SynonymConfig", "VectorIndexConfig", "open",
 ]

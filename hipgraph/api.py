@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hipgraph import registry
-from hipgraph.config import ExtractorConfig, IndexConfig, RetrievalConfig
+from hipgraph.config import ExtractorConfig, GeneratorConfig, IndexConfig, RetrievalConfig
 from hipgraph.errors import ConfigError, StoreError
 from hipgraph.indexers.extract_base import Extractor
 from hipgraph.indexers.pipeline import Indexer, Progress
@@ -17,7 +17,7 @@ from hipgraph.query.engine import MODES, Retriever
 from hipgraph.store.database import GraphStore
 from hipgraph.store.llm_cache import DuckDBResponseCache
 from hipgraph.store.vector_set import VectorSet
-from hipgraph.types import Document, Hit, IndexReport
+from hipgraph.types import Answer, Document, Hit, IndexReport
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +173,47 @@ class HipGraph:
                       config: RetrievalConfig | None = None) -> list[list[Hit]]:
         """Top-``k`` passages per question: one embedding call and one batched PPR for all."""
         return self.retriever.retrieve_many(questions, k, mode, config)
+
+    # ------------------------------------------------------------------ answering
+    def answer(self, question: str, k: int = 5, mode: str = "graph",
+               generator: GeneratorConfig | Any | None = None,
+               config: RetrievalConfig | None = None) -> Answer:
+        """Retrieve ``k`` passages, build cited context and let ``generator`` answer.
+
+        ``generator`` is a :class:`GeneratorConfig` (``none`` by default: the context only) or
+        a ready backend with ``generate``/``count_tokens``. Retrieval never calls the generator.
+        """
+        if not isinstance(question, str):
+            raise ConfigError(f"question must be a string, got {type(question).__name__}")
+        return self.answer_many([question], k=k, mode=mode, generator=generator, config=config)[0]
+
+    def answer_many(self, questions: Sequence[str], k: int = 5, mode: str = "graph",
+                    generator: GeneratorConfig | Any | None = None,
+                    config: RetrievalConfig | None = None) -> list[Answer]:
+        """:meth:`answer` for many questions: one retrieval batch, one generator batch."""
+        from hipgraph.generation.answer import compose  # noqa: PLC0415
+
+        hits = self.retrieve_many(questions, k=k, mode=mode, config=config)
+        gen_config = generator if isinstance(generator, GeneratorConfig) else GeneratorConfig()
+        backend, owned = self._generator(generator)
+        try:
+            return compose(list(questions), hits, backend, gen_config)
+        finally:
+            if owned and backend is not None:
+                backend.close()
+
+    @staticmethod
+    def _generator(generator: GeneratorConfig | Any | None) -> tuple[Any, bool]:
+        """``(backend or None for "none", whether this call created it)``."""
+        if generator is None:
+            return None, False
+        if isinstance(generator, GeneratorConfig):
+            if generator.name == "none":
+                return None, False
+            return registry.create("generator", generator.name, generator.chat), True
+        if not callable(getattr(generator, "generate", None)):
+            raise ConfigError("generator must be a GeneratorConfig or an object with generate()")
+        return generator, False
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="graph", choices=_modes(),
                    help="graph (default: facts and question entities seed a personalized PageRank), "
                         "dense, bm25 or hybrid (reciprocal-rank fusion)")
+    group = p.add_argument_group("answering")
+    group.add_argument("--answer", action="store_true",
+                       help="hand the passages to a generator and print its cited answer")
+    group.add_argument("--generator", choices=("none", "openai"), default="openai",
+                       help="with --answer: openai (any OpenAI-compatible endpoint, set by "
+                            "--llm-base-url/--llm-model) or none (print the cited context)")
+    group.add_argument("--context-tokens", type=int, default=2000, help="context budget in tokens")
     _add_retrieval(p)
     _add_output(p)
     p.set_defaults(func=cmd_query)
@@ -107,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", default="1,2,5,10", help="comma-separated cut-offs")
     p.add_argument("--limit", type=int, default=None, help="first N questions")
     p.add_argument("--out", type=Path, default=None, help="write per-question rankings as JSONL")
+    group = p.add_argument_group("answers")
+    group.add_argument("--qa", action="store_true",
+                       help="also answer each question (--generator, --llm-*) and report exact "
+                            "match, token F1 and the abstention rate per mode")
+    group.add_argument("--generator", choices=("openai",), default="openai")
+    group.add_argument("--context-tokens", type=int, default=2000)
+    group.add_argument("--answer-k", type=int, default=5, help="passages handed to the generator")
     _add_retrieval(p)
     _add_output(p)
     p.set_defaults(func=cmd_eval)
@@ -213,10 +227,38 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _generator_config(args: argparse.Namespace):
+    from hipgraph.config import ChatConfig, GeneratorConfig  # noqa: PLC0415
+
+    if args.generator == "none":
+        return GeneratorConfig(name="none", context_tokens=args.context_tokens)
+    if not args.llm_base_url or not args.llm_model:
+        raise InputError("--answer --generator openai needs --llm-base-url and --llm-model "
+                         "(or HIPGRAPH_LLM_BASE_URL / HIPGRAPH_LLM_MODEL)")
+    chat = ChatConfig(base_url=args.llm_base_url, model=args.llm_model,
+                      api_key_env=args.llm_api_key_env, max_concurrency=args.llm_concurrency)
+    return GeneratorConfig(name="openai", chat=chat, context_tokens=args.context_tokens)
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     import hipgraph  # noqa: PLC0415
 
     config = _retrieval_config(args)
+    if args.answer:
+        generator = _generator_config(args)
+        with hipgraph.open(args.db, read_only=True) as hg:
+            answer = hg.answer(args.question, k=args.k, mode=args.mode, generator=generator,
+                               config=config)
+        if args.json:
+            print(json.dumps(answer.to_dict(), indent=2))
+        elif generator.name == "none":
+            print(answer.context)
+        else:
+            print(f"Q: {args.question}")
+            print("A: (the passages do not hold the answer)" if answer.abstained else f"A: {answer.text}")
+            for n, h in enumerate(answer.citations, start=1):
+                print(f"  [{n}] {h.title} (doc {h.doc_id})")
+        return 0
     with hipgraph.open(args.db, read_only=True) as hg:
         hits = hg.retrieve(args.question, k=args.k, mode=args.mode, config=config)
     if args.json:
@@ -251,6 +293,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     bundle = load_bundle(args.bundle)
     cutoffs = _cutoffs(args.k)
     config = _retrieval_config(args)
+    generator = _generator_config(args) if args.qa else None
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in _modes()]
     if unknown or not modes:
@@ -267,7 +310,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 _progress_bar(len(records), args.quiet, "indexing") as bar:
             hg.add_documents(records, progress=bar.update)
     with hipgraph.open(args.db, read_only=True) as hg:
-        results = evaluate(hg, questions, modes, cutoffs, config=config)
+        results = evaluate(hg, questions, modes, cutoffs, config=config, generator=generator,
+                           answer_k=args.answer_k)
     scored = [q for q in questions if q.get("gold_idx")]
     if args.out:
         with args.out.open("w", encoding="utf-8") as fh:
@@ -275,6 +319,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 row = {"id": q.get("id", i), "question": q["question"],
                        "gold": [str(g) for g in q["gold_idx"]],
                        "rankings": {r.mode: r.rankings[i] for r in results}}
+                if args.qa:
+                    row["answers"] = {r.mode: r.predictions[i] for r in results}
                 fh.write(json.dumps(row) + "\n")
     out = {"bundle": str(args.bundle), "questions": len(scored),
            "results": [r.to_dict() for r in results]}
@@ -287,6 +333,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for r in results:
         print(f"{r.mode:8s} " + "".join(f"  {r.recall[k]:6.2f}" for k in cutoffs)
               + f"  {r.ms_per_query:6.1f}")
+        if r.qa:
+            print(f"  answers: EM {r.qa['exact_match']:.2f}  F1 {r.qa['f1']:.2f}  "
+                  f"abstained {r.qa['abstention_rate']:.2f}%  (n={r.qa['questions']})")
         for g, rec in r.by_hops.items():
             print(f"  {g:6s} " + "".join(f"  {rec[k]:6.2f}" for k in cutoffs)
                   + f"   (n={r.hop_counts[g]})")

@@ -239,6 +239,26 @@ class RetrievalConfig:
 
 
 @dataclass(frozen=True)
+class GeneratorConfig:
+    """The answer generator: ``none`` (context only), ``openai`` (any OpenAI-compatible chat
+    endpoint, ``chat`` required). The context holds at most ``context_tokens`` (the model's
+    tokenizer when the backend knows it, else an estimate of 1.3 tokens per word)."""
+
+    name: str = "none"
+    chat: ChatConfig | None = None
+    context_tokens: int = 2000
+    answer_tokens: int = 256
+    include_facts: bool = True  # list graph retrieval's seed facts after the passages
+
+    def __post_init__(self) -> None:
+        _check(self.name in {"none", "openai"}, f"generator.name must be none|openai, got {self.name!r}")
+        _check(self.context_tokens >= 16, "generator.context_tokens must be >= 16")
+        _check(self.answer_tokens >= 1, "generator.answer_tokens must be >= 1")
+        if self.name == "openai":
+            _check(self.chat is not None, "generator.chat (base_url, model) is required for openai")
+
+
+@dataclass(frozen=True)
 class IndexConfig:
     """Everything an index is built with; saved in the index and restored on open."""
 

@@ -53,3 +53,7 @@ class LLMError(HipgraphError):
 
 class EmbeddingError(HipgraphError):
     """An embedding backend failed."""
+
+
+class GenerationError(HipgraphError):
+    """A generator failed or replied with something that is not a well-formed answer."""

@@ -8,8 +8,10 @@ documents retrieved (a document split into several passages counts once).
 
 from __future__ import annotations
 
+import collections
 import json
 import re
+import string
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -69,6 +71,48 @@ def recall_at(gold: Sequence[Any], docs: Sequence[str], k: int) -> float:
     return len(wanted & set(docs[:k])) / len(wanted) if wanted else 0.0
 
 
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalization: lower case, no punctuation, no articles, single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(prediction: str, answers: Sequence[str]) -> float:
+    """1.0 when the normalized prediction equals any normalized answer alias."""
+    pred = normalize_answer(prediction)
+    return float(any(pred == normalize_answer(a) for a in answers))
+
+
+def token_f1(prediction: str, answers: Sequence[str]) -> float:
+    """Best token-level F1 of the prediction against the answer aliases (SQuAD)."""
+    pred = normalize_answer(prediction).split()
+    best = 0.0
+    for answer in answers:
+        gold = normalize_answer(answer).split()
+        common = sum((collections.Counter(pred) & collections.Counter(gold)).values())
+        if not pred or not gold:
+            best = max(best, float(pred == gold))
+        elif common:
+            precision, recall = common / len(pred), common / len(gold)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+def answer_aliases(question: dict[str, Any]) -> list[str]:
+    """The question's gold answers (``answers`` list or ``answer`` string), empty when none."""
+    answers = question.get("answers")
+    if isinstance(answers, str):
+        return [answers]
+    if isinstance(answers, list):
+        return [a for a in answers if isinstance(a, str) and a.strip()]
+    answer = question.get("answer")
+    return [answer] if isinstance(answer, str) and answer.strip() else []
+
+
 @dataclass
 class ModeResult:
     """Recall of one mode: overall and per hop group, in percent, with the time per question."""
@@ -79,11 +123,15 @@ class ModeResult:
     hop_counts: dict[str, int] = field(default_factory=dict)
     ms_per_query: float = 0.0
     rankings: list[list[str]] = field(default_factory=list)  # distinct doc ids per question
+    qa: dict[str, float] = field(default_factory=dict)  # exact_match, f1, abstention_rate (percent)
+    predictions: list[str | None] = field(default_factory=list)  # per question, with --qa
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"mode": self.mode,
                                **{f"recall@{k}": v for k, v in self.recall.items()},
                                "ms_per_query": self.ms_per_query}
+        if self.qa:
+            out["qa"] = dict(self.qa)
         if self.by_hops:
             out["by_hops"] = {g: {"questions": self.hop_counts[g],
                                   **{f"recall@{k}": v for k, v in r.items()}}
@@ -93,8 +141,10 @@ class ModeResult:
 
 def evaluate(hg: Any, questions: Sequence[dict[str, Any]], modes: Sequence[str],
              cutoffs: Sequence[int], config: RetrievalConfig | None = None,
-             batch_size: int = 64) -> list[ModeResult]:
-    """Recall@k of each mode over the questions that have ``gold_idx``."""
+             batch_size: int = 64, generator: Any = None, answer_k: int = 5) -> list[ModeResult]:
+    """Recall@k of each mode over the questions that have ``gold_idx``; with ``generator``
+    (a GeneratorConfig other than ``none``), also exact match, token F1 and the abstention rate
+    of answers from the top ``answer_k`` passages, over the questions with gold answers."""
     qs = [q for q in questions if q.get("gold_idx")]
     depth = max(cutoffs)
     results = []
@@ -123,5 +173,26 @@ def evaluate(hg: Any, questions: Sequence[dict[str, Any]], modes: Sequence[str],
                 vals = [per_q[i] for i in groups[g]]
                 res.by_hops.setdefault(g, {})[k] = round(100 * sum(vals) / len(vals), 2)
                 res.hop_counts[g] = len(vals)
+        if generator is not None:
+            _score_answers(hg, qs, mode, res, config, generator, answer_k, batch_size)
         results.append(res)
     return results
+
+
+def _score_answers(hg: Any, qs: Sequence[dict[str, Any]], mode: str, res: ModeResult,
+                   config: RetrievalConfig | None, generator: Any, k: int, batch_size: int) -> None:
+    answerable = [(i, q) for i, q in enumerate(qs) if answer_aliases(q)]
+    res.predictions = [None] * len(qs)
+    em = f1 = abstained = 0.0
+    for start in range(0, len(answerable), batch_size):
+        batch = answerable[start:start + batch_size]
+        answers = hg.answer_many([q["question"] for _, q in batch], k=k, mode=mode,
+                                 generator=generator, config=config)
+        for (i, q), answer in zip(batch, answers, strict=True):
+            res.predictions[i] = answer.text
+            abstained += answer.abstained
+            em += exact_match(answer.text, answer_aliases(q))
+            f1 += token_f1(answer.text, answer_aliases(q))
+    n = max(1, len(answerable))
+    res.qa = {"questions": len(answerable), "exact_match": round(100 * em / n, 2),
+              "f1": round(100 * f1 / n, 2), "abstention_rate": round(100 * abstained / n, 2)}

@@ -70,3 +70,5 @@ register("extractor", "llm", "hipgraph.indexers.extract_llm:LLMExtractor",
 register("extractor", "precomputed", "hipgraph.indexers.extract_precomputed:PrecomputedExtractor")
 register("vector_index", "faiss", "hipgraph.store.vectors:FaissVectorIndex",
          requires=("faiss",), hint=_FAISS_HINT)
+register("generator", "openai", "hipgraph.generation.openai_generator:OpenAIGenerator",
+         requires=("httpx",), hint="pip install httpx")

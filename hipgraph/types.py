@@ -115,3 +115,28 @@ class Hit:
     def to_dict(self) -> dict[str, Any]:
         return {"doc_id": self.doc_id, "passage_id": self.passage_id, "title": self.title,
                 "text": self.text, "score": self.score, "rank": self.rank, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A generated answer with the hits it cites and the context the generator saw.
+
+    ``abstained`` is true when the generator said the context does not hold the answer (then
+    ``text`` is empty and nothing is cited). ``hits`` are all retrieved passages, ``citations``
+    the ones the answer cites; with the ``none`` generator ``citations`` are the context's hits.
+    """
+
+    question: str
+    text: str
+    citations: list[Hit]
+    context: str
+    abstained: bool
+    usage: dict[str, Any] = field(default_factory=dict)
+    hits: list[Hit] = field(default_factory=list)
+    generator: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"question": self.question, "answer": self.text, "abstained": self.abstained,
+                "citations": [{"doc_id": h.doc_id, "passage_id": h.passage_id, "title": h.title,
+                               "text": h.text, "rank": h.rank} for h in self.citations],
+                "context": self.context, "usage": dict(self.usage), "generator": self.generator}

@@ -1,0 +1,1 @@
+"""Generator handoff: cited context from hits, generator backends, ``answer()`` composition."""

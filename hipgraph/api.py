@@ -8,11 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from hipgraph import registry
-from hipgraph.config import ExtractorConfig, GeneratorConfig, IndexConfig, RetrievalConfig
+from hipgraph.config import (
+    ChatConfig,
+    ExtractorConfig,
+    GeneratorConfig,
+    IndexConfig,
+    RetrievalConfig,
+)
 from hipgraph.errors import ConfigError, StoreError
 from hipgraph.indexers.extract_base import Extractor
 from hipgraph.indexers.pipeline import Indexer, Progress
 from hipgraph.models.base import Embedder
+from hipgraph.models.chat import ChatClient
 from hipgraph.query.engine import MODES, Retriever
 from hipgraph.store.database import GraphStore
 from hipgraph.store.llm_cache import DuckDBResponseCache
@@ -80,6 +87,7 @@ class HipGraph:
         self._indexer: Indexer | None = None
         self._retriever: Retriever | None = None
         self._generators: dict[GeneratorConfig, Any] = {}
+        self._chat_clients: dict[ChatConfig, ChatClient] = {}
 
     def _adopt_saved_config(self, config: IndexConfig | None, extractor: ExtractorConfig | None,
                             embedder: Embedder | None) -> None:
@@ -156,7 +164,8 @@ class HipGraph:
     def retriever(self) -> Retriever:
         if self._retriever is None:
             self._retriever = Retriever(self.store, self.vectors, lambda: self.embedder,
-                                        self.config.extractor.spacy_model, self.retrieval)
+                                        self.config.extractor.spacy_model, self.retrieval,
+                                        chat_client=self.chat_client)
         return self._retriever
 
     def retrieve(self, question: str, k: int = 5, mode: str = "graph",
@@ -198,6 +207,12 @@ class HipGraph:
         gen_config = generator if isinstance(generator, GeneratorConfig) else GeneratorConfig()
         return compose(list(questions), hits, self._generator(generator), gen_config)
 
+    def chat_client(self, config: ChatConfig) -> ChatClient:
+        """The chat client of this handle for ``config`` (one per endpoint configuration)."""
+        if config not in self._chat_clients:
+            self._chat_clients[config] = ChatClient(config)
+        return self._chat_clients[config]
+
     def _generator(self, generator: GeneratorConfig | Any | None) -> Any:
         """The backend for ``generator`` (None for "none"); backends built from a config are
         kept for this handle's lifetime (a local model loads once) and closed with it."""
@@ -207,8 +222,12 @@ class HipGraph:
             if generator.name == "none":
                 return None
             if generator not in self._generators:
-                arg = generator if generator.name == "local" else generator.chat
-                self._generators[generator] = registry.create("generator", generator.name, arg)
+                if generator.name == "local":
+                    backend = registry.create("generator", "local", generator)
+                else:  # one HTTP client per endpoint, shared with graph retrieval's fact filter
+                    backend = registry.create("generator", generator.name, generator.chat,
+                                              client=self.chat_client(generator.chat))
+                self._generators[generator] = backend
             return self._generators[generator]
         if not callable(getattr(generator, "generate", None)):
             raise ConfigError("generator must be a GeneratorConfig or an object with generate()")
@@ -219,6 +238,9 @@ class HipGraph:
         for backend in self._generators.values():
             backend.close()
         self._generators.clear()
+        for client in self._chat_clients.values():
+            client.close()
+        self._chat_clients.clear()
         if self._retriever is not None:
             self._retriever.close()
         if self.store is not None:

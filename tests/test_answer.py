@@ -211,3 +211,33 @@ def test_local_model_answers_offline_and_caches_the_conversion(hg, tmp_path, mon
     again = LocalGenerator(config)
     assert again.count_tokens("Oak Park, Illinois") > 0
     assert list((tmp_path / "cache" / "models").iterdir()) == converted
+
+
+def test_openai_generator_retries_a_timeout(hg):
+    reply = json.dumps({"answer": "Oak Park", "citations": [1], "sufficient": True})
+    with ScriptedOpenAIServer([("sleep", 1.5), reply]) as srv:
+        gen = GeneratorConfig(name="openai", chat=ChatConfig(base_url=srv.base_url, model="m", timeout=0.5,
+                                                             max_retries=1, backoff=0.01))
+        answer = hg.answer("Where was Carl Rogers born?", k=2, generator=gen)
+        assert len(srv.chat_requests) == 2
+    assert answer.text == "Oak Park"
+
+
+def test_fact_filter_and_generator_share_one_client(hg):
+    from hipgraph.config import RetrievalConfig
+
+    def handler(body):
+        user = body["messages"][-1]["content"]
+        if "Candidate facts:" in user:  # recognition memory: keep nothing
+            return json.dumps({"fact": []})
+        return json.dumps({"answer": "G. Stanley Hall", "citations": [1], "sufficient": True})
+
+    with ScriptedOpenAIServer(chat_handler=handler) as srv:
+        gen = _openai(srv)
+        answer = hg.answer(QUESTION, k=3, generator=gen, config=RetrievalConfig(llm=gen.chat))
+        kinds = ["filter" if "Candidate facts:" in r[1]["messages"][-1]["content"] else "answer"
+                 for r in srv.chat_requests]
+    assert kinds == ["filter", "answer"] and answer.text == "G. Stanley Hall"
+    client = hg.chat_client(gen.chat)
+    assert hg._generators[gen].client is client and hg.retriever._filter.client is client
+    assert answer.hits[0].why["fact_filter"].startswith("kept 0 of")

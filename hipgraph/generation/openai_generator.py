@@ -16,10 +16,13 @@ from hipgraph.models.chat import ChatClient
 
 
 class OpenAIGenerator:
-    def __init__(self, chat: ChatConfig | None):
+    """``client``: an existing client for ``chat`` to share (e.g. with the fact filter)."""
+
+    def __init__(self, chat: ChatConfig | None, client: ChatClient | None = None):
         if chat is None:
             raise ConfigError("the openai generator needs a chat config (base_url, model)")
-        self.client = ChatClient(chat)
+        self._owns_client = client is None
+        self.client = client or ChatClient(chat)
         self.name = f"openai:{chat.model}"
 
     def generate(self, batch: Sequence[Sequence[Mapping[str, Any]]], *, max_tokens: int,
@@ -33,4 +36,5 @@ class OpenAIGenerator:
         return None  # the endpoint's tokenizer is not known here: the context uses the estimate
 
     def close(self) -> None:
-        self.client.close()
+        if self._owns_client:
+            self.client.close()

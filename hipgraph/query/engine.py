@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from hipgraph.config import GraphRetrievalConfig, RetrievalConfig
+from hipgraph.config import ChatConfig, GraphRetrievalConfig, RetrievalConfig
 from hipgraph.errors import ConfigError
 from hipgraph.models.base import Embedder
 from hipgraph.models.chat import ChatClient
@@ -85,8 +85,10 @@ class Retriever:
     """Query engine of one index (see module docstring)."""
 
     def __init__(self, store: GraphStore, vectors: VectorSet, embedder: Callable[[], Embedder],
-                 spacy_model: str, config: RetrievalConfig):
+                 spacy_model: str, config: RetrievalConfig,
+                 chat_client: Callable[[ChatConfig], ChatClient] = ChatClient):
         self.store = store
+        self._chat_client = chat_client  # shared with the generator by the owning HipGraph
         self.vectors = vectors
         self._embedder = embedder
         self.config = config
@@ -140,9 +142,7 @@ class Retriever:
 
     # ------------------------------------------------------------------ entry point
     def close(self) -> None:
-        if self._filter is not None:
-            self._filter.client.close()
-            self._filter = None
+        self._filter = None  # its client belongs to whoever made it (the HipGraph)
 
     def retrieve_many(self, questions: Sequence[str], k: int, mode: str,
                       config: RetrievalConfig | None = None) -> list[list[Hit]]:
@@ -262,9 +262,7 @@ class Retriever:
         if cfg.llm is None:
             return None
         if self._filter is None or self._filter.client.config != cfg.llm:
-            if self._filter is not None:
-                self._filter.client.close()
-            self._filter = FactFilter(ChatClient(cfg.llm))
+            self._filter = FactFilter(self._chat_client(cfg.llm))
         return self._filter
 
     def _filter_facts(self, snap: GraphSnapshot, questions: list[str], rows: list[np.ndarray],

@@ -339,7 +339,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
               + f"  {r.ms_per_query:6.1f}")
         if r.qa:
             print(f"  answers: EM {r.qa['exact_match']:.2f}  F1 {r.qa['f1']:.2f}  "
-                  f"abstained {r.qa['abstention_rate']:.2f}%  (n={r.qa['questions']})")
+                  f"abstained {r.qa['abstention_rate']:.2f}%  invalid {r.qa['invalid_rate']:.2f}%  "
+                  f"(n={r.qa['questions']})")
         for g, rec in r.by_hops.items():
             print(f"  {g:6s} " + "".join(f"  {rec[k]:6.2f}" for k in cutoffs)
                   + f"   (n={r.hop_counts[g]})")

@@ -252,8 +252,13 @@ class GeneratorConfig:
     context_tokens: int = 2000
     answer_tokens: int = 256
     include_facts: bool = True  # list graph retrieval's seed facts after the passages
+    # a reply that is not a well-formed answer: "raise" GenerationError, or "abstain" (the
+    # answer is marked abstained and usage["error"] says why; batch evaluations use this)
+    on_invalid: str = "raise"
 
     def __post_init__(self) -> None:
+        _check(self.on_invalid in {"raise", "abstain"},
+               f"generator.on_invalid must be raise|abstain, got {self.on_invalid!r}")
         _check(self.name in {"none", "openai", "local"},
                f"generator.name must be none|openai|local, got {self.name!r}")
         _check(self.context_tokens >= 16, "generator.context_tokens must be >= 16")

@@ -9,6 +9,7 @@ documents retrieved (a document split into several passages counts once).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import re
 import string
@@ -183,7 +184,9 @@ def _score_answers(hg: Any, qs: Sequence[dict[str, Any]], mode: str, res: ModeRe
                    config: RetrievalConfig | None, generator: Any, k: int, batch_size: int) -> None:
     answerable = [(i, q) for i, q in enumerate(qs) if answer_aliases(q)]
     res.predictions = [None] * len(qs)
-    em = f1 = abstained = 0.0
+    if getattr(generator, "on_invalid", None) == "raise":  # one bad reply must not end a run
+        generator = dataclasses.replace(generator, on_invalid="abstain")
+    em = f1 = abstained = invalid = 0.0
     for start in range(0, len(answerable), batch_size):
         batch = answerable[start:start + batch_size]
         answers = hg.answer_many([q["question"] for _, q in batch], k=k, mode=mode,
@@ -191,8 +194,10 @@ def _score_answers(hg: Any, qs: Sequence[dict[str, Any]], mode: str, res: ModeRe
         for (i, q), answer in zip(batch, answers, strict=True):
             res.predictions[i] = answer.text
             abstained += answer.abstained
+            invalid += "error" in answer.usage
             em += exact_match(answer.text, answer_aliases(q))
             f1 += token_f1(answer.text, answer_aliases(q))
     n = max(1, len(answerable))
     res.qa = {"questions": len(answerable), "exact_match": round(100 * em / n, 2),
-              "f1": round(100 * f1 / n, 2), "abstention_rate": round(100 * abstained / n, 2)}
+              "f1": round(100 * f1 / n, 2), "abstention_rate": round(100 * abstained / n, 2),
+              "invalid_rate": round(100 * invalid / n, 2)}

@@ -118,8 +118,12 @@ def test_abstention_and_answer_many(hg):
     (json.dumps({"answer": "x", "citations": "1", "sufficient": True}), '"citations" must be a list'),
 ])
 def test_malformed_replies_are_clear_errors(hg, reply, message):
-    with ScriptedOpenAIServer([reply]) as srv, pytest.raises(GenerationError, match=message):
-        hg.answer(QUESTION, k=2, generator=_openai(srv))
+    with ScriptedOpenAIServer([reply, reply]) as srv:
+        with pytest.raises(GenerationError, match=message):
+            hg.answer(QUESTION, k=2, generator=_openai(srv))
+        # or, for batch work, an abstention that says why
+        answer = hg.answer(QUESTION, k=2, generator=_openai(srv, on_invalid="abstain"))
+    assert answer.abstained and answer.text == "" and message.strip('"') in answer.usage["error"]
 
 
 def test_generator_failure_and_bad_config(hg):
@@ -183,7 +187,8 @@ def test_cli_eval_qa(template, tmp_path, inline_docs):
                       check=True)
         assert len(srv.chat_requests) == 2  # only questions with gold answers are answered
     qa = json.loads(out.stdout)["results"][0]["qa"]
-    assert qa == {"questions": 2, "exact_match": 0.0, "f1": 40.0, "abstention_rate": 50.0}
+    assert qa == {"questions": 2, "exact_match": 0.0, "f1": 40.0, "abstention_rate": 50.0,
+                  "invalid_rate": 0.0}
     rows = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert [r["answers"]["dense"] for r in rows] == ["Stanley Hall", "", None]
 

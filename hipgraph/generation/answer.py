@@ -65,9 +65,17 @@ def compose(questions: Sequence[str], hits: Sequence[Sequence[Hit]], generator: 
     replies = generator.generate(batch, max_tokens=config.answer_tokens, json_mode=True)
     answers = []
     for q, c, h, reply in zip(questions, contexts, hits, replies, strict=True):
-        if isinstance(reply, Exception):
-            raise GenerationError(f"generator {generator.name} failed for {q!r}: {reply}") from reply
-        answers.append(_to_answer(q, c, list(h), reply, generator.name))
+        try:
+            if isinstance(reply, Exception):
+                raise GenerationError(f"generator {generator.name} failed for {q!r}: {reply}") from reply
+            answers.append(_to_answer(q, c, list(h), reply, generator.name))
+        except GenerationError as exc:
+            if config.on_invalid == "raise":
+                raise
+            logger.warning("%s", exc)
+            answers.append(Answer(question=q, text="", citations=[], context=c.text, abstained=True,
+                                  usage={"error": str(exc), "context_tokens": c.tokens},
+                                  hits=list(h), generator=generator.name))
     return answers
 
 

@@ -115,6 +115,22 @@ def build_template(tmp_path_factory, embedder, name: str, docs: list[dict[str, A
     return path
 
 
+MULTIHOP_QUESTION = ("Who was the first president of the association that published the "
+                     "Journal of Psychotherapy Integration?")  # INLINE_DOCS: jpi -> apa
+
+
+@pytest.fixture(scope="session")
+def inline_template(tmp_path_factory, embedder, inline_docs) -> Path:
+    """An index of INLINE_DOCS built once per session (copy it before writing)."""
+    return build_template(tmp_path_factory, embedder, "inline", inline_docs)
+
+
+@pytest.fixture
+def inline_index(inline_template, tmp_path, make_index) -> hipgraph.HipGraph:
+    """A fresh writable copy of the inline index."""
+    return make_index(copy_index(inline_template, tmp_path))
+
+
 def copy_index(template: Path, tmp_path: Path) -> Path:
     """A fresh, closed copy of a template index folder inside ``tmp_path``."""
     path = tmp_path / template.name

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import build_template, copy_index, run_cli
+from conftest import MULTIHOP_QUESTION, copy_index, run_cli
 
 from hipgraph.config import ChatConfig, GeneratorConfig
 from hipgraph.errors import ConfigError, GenerationError
@@ -18,18 +18,12 @@ try:
 except ImportError:  # tests/ is not a package: pytest puts it on sys.path
     from openai_server import ScriptedOpenAIServer
 
-QUESTION = ("Who was the first president of the association that published the "
-            "Journal of Psychotherapy Integration?")
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory, embedder, inline_docs):
-    return build_template(tmp_path_factory, embedder, "answer", inline_docs)
+QUESTION = MULTIHOP_QUESTION
 
 
 @pytest.fixture
-def hg(template, tmp_path, make_index):
-    return make_index(copy_index(template, tmp_path))
+def hg(inline_index):
+    return inline_index
 
 
 def _hit(pid: int, title: str, text: str, **why) -> Hit:
@@ -137,8 +131,8 @@ def test_generator_failure_and_bad_config(hg):
         hg.answer(QUESTION, generator="openai")
 
 
-def test_cli_answer(template, tmp_path):
-    db = copy_index(template, tmp_path)
+def test_cli_answer(inline_template, tmp_path):
+    db = copy_index(inline_template, tmp_path)
     with ScriptedOpenAIServer([json.dumps({"answer": "G. Stanley Hall", "citations": [1],
                                            "sufficient": True})]) as srv:
         out = run_cli("query", "--db", str(db), QUESTION, "-k", "3", "--answer", "--json",
@@ -163,8 +157,8 @@ def test_squad_metrics():
     assert token_f1("", ["x"]) == 0.0 and token_f1("", [""]) == 1.0
 
 
-def test_cli_eval_qa(template, tmp_path, inline_docs):
-    db = copy_index(template, tmp_path)
+def test_cli_eval_qa(inline_template, tmp_path, inline_docs):
+    db = copy_index(inline_template, tmp_path)
     by_id = {d["id"]: i for i, d in enumerate(inline_docs)}
     questions = [
         {"id": "2hop__a", "question": QUESTION, "gold_idx": [by_id["jpi"]], "answers": ["G. Stanley Hall"]},

@@ -8,7 +8,7 @@ import json
 import igraph
 import numpy as np
 import pytest
-from conftest import build_template, copy_index, run_cli
+from conftest import MULTIHOP_QUESTION, copy_index, run_cli
 
 import hipgraph
 from hipgraph.config import GraphRetrievalConfig, RetrievalConfig
@@ -17,18 +17,7 @@ from hipgraph.indexers.normalize import normalize_entity
 from hipgraph.query.graph import Seeds, passage_scores, reset_matrix, strongest_path
 from hipgraph.query.snapshot import build_snapshot, cache_dir
 
-MULTIHOP = ("Who was the first president of the association that published the "
-            "Journal of Psychotherapy Integration?")
-
-
-@pytest.fixture(scope="module")
-def inline_template(tmp_path_factory, embedder, inline_docs):
-    return build_template(tmp_path_factory, embedder, "inline", inline_docs)
-
-
-@pytest.fixture
-def inline_index(inline_template, tmp_path, make_index):
-    return make_index(copy_index(inline_template, tmp_path))
+MULTIHOP = MULTIHOP_QUESTION
 
 
 def _edges(hg) -> list[tuple[str, int, int, float]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import re
 import string
 import time
@@ -21,6 +20,7 @@ from typing import Any
 
 from hipgraph.config import RetrievalConfig
 from hipgraph.errors import InputError
+from hipgraph.indexers.readers import read_json_file
 from hipgraph.types import Hit
 
 _HOPS = re.compile(r"^(\d+)hop")
@@ -29,12 +29,7 @@ _HOPS = re.compile(r"^(\d+)hop")
 def load_bundle(path: str | Path) -> dict[str, Any]:
     """Read a bundle and check its fields; errors name the file and the offending entry."""
     path = Path(path)
-    try:
-        bundle = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise InputError("file not found", source=str(path)) from exc
-    except json.JSONDecodeError as exc:
-        raise InputError(f"malformed JSON: {exc.msg}", source=str(path), line=exc.lineno) from exc
+    bundle = read_json_file(path)
     questions = bundle.get("questions") if isinstance(bundle, dict) else None
     if not isinstance(questions, list):
         raise InputError('bundle has no "questions" list', source=str(path))

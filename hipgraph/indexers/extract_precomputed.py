@@ -8,13 +8,13 @@ it (case-insensitive), falling back to its first passage.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from hipgraph.config import ExtractorConfig
 from hipgraph.errors import InputError
+from hipgraph.indexers.readers import read_json_file
 from hipgraph.types import Chunk, Extraction, Triple
 
 logger = logging.getLogger(__name__)
@@ -23,14 +23,7 @@ logger = logging.getLogger(__name__)
 def load_extractions(path: str | Path) -> dict[str, Extraction]:
     """Read and validate a precomputed-extraction file; errors name the file and record."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise InputError("file not found", source=str(path)) from exc
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", source=str(path)) from exc
-    except json.JSONDecodeError as exc:
-        raise InputError(f"malformed JSON: {exc.msg}", source=str(path), line=exc.lineno) from exc
+    data = read_json_file(path)
     records = data.get("extractions") if isinstance(data, dict) else data
     if not isinstance(records, list):
         raise InputError('expected a list of records or {"extractions": [...]}', source=str(path))

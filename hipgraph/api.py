@@ -184,6 +184,27 @@ class HipGraph:
         """Top-``k`` passages per question: one embedding call and one batched PPR for all."""
         return self.retriever.retrieve_many(questions, k, mode, config)
 
+    def decompose(self, question: str, k: int = 5, config: RetrievalConfig | None = None):
+        """Decomposed constraint retrieval for one question: a
+        :class:`~hipgraph.query.constraints.DecomposedRetrieval` with the steps, their attempts and
+        bridges (``.trace()``) and the top-``k`` ``hits``, each naming the constraints it satisfies.
+        """
+        if not isinstance(question, str):
+            raise ConfigError(f"question must be a string, got {type(question).__name__}")
+        return self.retriever.decompose_many([question], k, config)[0]
+
+    def expand(self, question: str, k: int = 5, config: RetrievalConfig | None = None,
+               persist: bool = False):
+        """Dynamic KG expansion for one question: an :class:`~hipgraph.query.expand.Expansion`
+        with the verified subgraph (facts with provenance and support), the top-``k`` passages
+        supporting it (``hits``) and the trace. ``persist=True`` writes verified new facts (those
+        an LLM proposed) into the index, so the graph grows with use."""
+        if not isinstance(question, str):
+            raise ConfigError(f"question must be a string, got {type(question).__name__}")
+        if persist and self.store.read_only:
+            raise StoreError(f"{self.path}: opened read-only; persist=True needs a writable index")
+        return self.retriever.expand_many([question], k, config, persist=persist)[0]
+
     # ------------------------------------------------------------------ answering
     def answer(self, question: str, k: int = 5, mode: str = "graph",
                generator: GeneratorConfig | Any | None = None,

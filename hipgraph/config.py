@@ -217,6 +217,51 @@ class GraphRetrievalConfig:
 
 
 @dataclass(frozen=True)
+class DecomposeConfig:
+    """``decompose`` mode: decomposed constraint retrieval (see :mod:`hipgraph.query.constraints`).
+
+    ``decomposer``: ``auto`` uses the LLM when ``RetrievalConfig.llm`` is set, else ``rules``.
+    Each step ranks ``step_depth`` passages by graph retrieval; entities of its best
+    ``bridge_passages`` passages are bridge candidates (``bridge_candidates`` kept), scored by PPR
+    mass, times ``type_boost`` when their label is what the step's head noun asks for and
+    ``noun_chunk_factor`` for plain noun chunks. A step whose best fact and passage cosine stay
+    below ``weak_score`` is retried (``max_retries``). The whole question's ranking
+    (``question_weight``) and each step's (``step_weight``) are fused by reciprocal rank; with
+    ``coverage_first``, passages in more steps' top ``cover_depth`` come first.
+    """
+
+    decomposer: str = "auto"  # auto | rules | llm
+    max_steps: int = 4
+    step_depth: int = 20
+    bridge_passages: int = 3
+    bridge_candidates: int = 3
+    beam: int = 2  # candidates of the previous step tried at once (weighted) in a chained step
+    read_passages: int = 3  # passages the LLM reads per step
+    type_boost: float = 4.0
+    noun_chunk_factor: float = 0.2
+    mismatch_factor: float = 0.1  # numbers for a non-date head, "Ford County" for a state
+    fact_support: float = 1.0  # weight of a seed fact's cosine for the entities in it
+    weak_score: float = 0.5
+    max_retries: int = 2
+    question_weight: float = 1.0
+    step_weight: float = 1.0
+    cover_depth: int = 5
+    coverage_first: bool = False
+    llm_bridges: bool = True  # with an LLM: bridges are its short answers, weak steps rewritten
+
+    def __post_init__(self) -> None:
+        _check(self.decomposer in {"auto", "rules", "llm"},
+               f"decompose.decomposer must be auto|rules|llm, got {self.decomposer!r}")
+        for name in ("max_steps", "step_depth", "bridge_passages", "bridge_candidates", "cover_depth",
+                     "beam", "read_passages"):
+            _check(getattr(self, name) >= 1, f"decompose.{name} must be >= 1, got {getattr(self, name)}")
+        _check(self.max_retries >= 0, "decompose.max_retries must be >= 0")
+        _check(min(self.type_boost, self.noun_chunk_factor, self.question_weight, self.step_weight) >= 0,
+               "decompose weights must be >= 0")
+        _check(-1.0 <= self.weak_score <= 1.0, "decompose.weak_score must be in [-1, 1]")
+
+
+@dataclass(frozen=True)
 class RetrievalConfig:
     """Query-time settings (not saved with the index; pass per ``open`` or per call)."""
 
@@ -226,6 +271,7 @@ class RetrievalConfig:
     rrf_k: int = 60  # hybrid: reciprocal-rank fusion constant
     hybrid_modes: tuple[str, ...] = ("graph", "dense", "bm25")
     fusion_depth: int = 100  # ranks each hybrid component contributes
+    decompose: DecomposeConfig = field(default_factory=DecomposeConfig)
     llm: ChatConfig | None = None  # for the graph mode's fact filter; None = no LLM calls
 
     def __post_init__(self) -> None:

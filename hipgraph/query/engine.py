@@ -12,7 +12,8 @@ import functools
 import logging
 import shutil
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from hipgraph.query.fact_filter import FactFilter
 from hipgraph.query.graph import (
     Seeds,
     make_seeds,
-    passage_scores,
+    node_scores,
     reset_matrix,
     strongest_path,
     top_passages,
@@ -37,9 +38,13 @@ from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
 from hipgraph.types import Hit
 
+if TYPE_CHECKING:
+    from hipgraph.query.constraints import DecomposedRetrieval
+    from hipgraph.query.expand import Expansion
+
 logger = logging.getLogger(__name__)
 
-MODES = ("graph", "dense", "bm25", "hybrid")
+MODES = ("graph", "dense", "bm25", "hybrid", "decompose", "expand")
 
 
 def validate_request(questions: Sequence[str], k: int, mode: str) -> None:
@@ -81,6 +86,24 @@ def _threadpool_controller():
     return ThreadpoolController()
 
 
+@dataclass
+class GraphRun:
+    """One batch of graph retrieval: per-question seeds and PPR mass over all nodes.
+
+    ``rows`` maps a question to its row of ``scores`` (questions without graph seeds have none);
+    ``best_dense``/``best_fact``: each question's top passage and fact cosine (evidence strength).
+    """
+
+    snapshot: GraphSnapshot
+    seeds: list[Seeds]
+    rows: dict[int, int]
+    scores: np.ndarray
+    qvec: np.ndarray
+    filter_notes: list[str | None]
+    best_dense: np.ndarray
+    best_fact: np.ndarray
+
+
 class Retriever:
     """Query engine of one index (see module docstring)."""
 
@@ -93,6 +116,8 @@ class Retriever:
         self._embedder = embedder
         self.config = config
         self._spans = QuestionSpans(spacy_model)
+        self._spacy_model = spacy_model
+        self._rule_decomposer = None
         self._snapshot: GraphSnapshot | None = None
         self._names: EntityNames | None = None
         self._bm25: Any = None
@@ -104,7 +129,7 @@ class Retriever:
         self._snapshot = current_snapshot(self.store, self._snapshot, self.store.generation)
         return self._snapshot
 
-    def _entity_names(self) -> EntityNames:
+    def entity_names(self) -> EntityNames:
         if self._names is None or self._names.generation != self.store.generation:
             self._names = EntityNames(self.store)
         return self._names
@@ -158,6 +183,10 @@ class Retriever:
              qvec: np.ndarray | None = None) -> list[Ranked]:
         """Best ``depth`` passages per question as ``(passage id, score, why)``; ``qvec``: the
         questions' embeddings when the caller has them already."""
+        if mode == "decompose":
+            return [r.ranking for r in self._decompose(questions, depth, cfg)]
+        if mode == "expand":
+            return [e.ranking for e in self._expand(questions, depth, cfg, persist=False)]
         if mode == "bm25":
             return self._rank_bm25(questions, depth, cfg)
         if mode == "hybrid":
@@ -167,6 +196,66 @@ class Retriever:
                 qvec = self._embedder().embed(questions)
             return dense_rankings(self.vectors, qvec, depth)
         return self._rank_graph(questions, depth, cfg, qvec)
+
+    # ------------------------------------------------------------------ decompose and expand
+    def decompose_many(self, questions: Sequence[str], k: int,
+                       config: RetrievalConfig | None = None) -> list[DecomposedRetrieval]:
+        """Decomposed constraint retrieval with its trace; ``hits`` hold the top ``k``."""
+        validate_request(questions, k, "decompose")
+        with _blas_threads(1):
+            results = self._decompose(list(questions), k, config or self.config)
+            for r, hits in zip(results, to_hits(self.store, [r.ranking for r in results], k), strict=True):
+                r.hits = hits
+        return results
+
+    def expand_many(self, questions: Sequence[str], k: int, config: RetrievalConfig | None = None,
+                    persist: bool = False) -> list[Expansion]:
+        """Dynamic KG expansion: per question the verified subgraph and the passages supporting it
+        (``hits``, top ``k``); ``persist`` writes verified new facts into the index."""
+        validate_request(questions, k, "expand")
+        with _blas_threads(1):
+            results = self._expand(list(questions), k, config or self.config, persist=persist)
+            for r, hits in zip(results, to_hits(self.store, [r.ranking for r in results], k), strict=True):
+                r.hits = hits
+        return results
+
+    def _decompose(self, questions: list[str], depth: int, cfg: RetrievalConfig) -> list[DecomposedRetrieval]:
+        from hipgraph.query.constraints import ConstraintRunner  # noqa: PLC0415
+
+        return ConstraintRunner(self, self._decomposer(cfg), self._reader(cfg)).run(questions, depth, cfg)
+
+    def _expand(self, questions: list[str], depth: int, cfg: RetrievalConfig, persist: bool) -> list[Expansion]:
+        from hipgraph.query.expand import Expander  # noqa: PLC0415
+
+        client = self._chat_client(cfg.llm) if cfg.llm is not None else None
+        return Expander(self, client).run(questions, depth, cfg, persist=persist)
+
+    def _decomposer(self, cfg: RetrievalConfig):
+
+        name = cfg.decompose.decomposer
+        if name == "auto":
+            name = "llm" if cfg.llm is not None else "rules"
+        if name == "llm":
+            if cfg.llm is None:
+                raise ConfigError("decompose.decomposer='llm' needs RetrievalConfig.llm (an endpoint)")
+            from hipgraph.query.llm_steps import LLMDecomposer  # noqa: PLC0415
+
+            return LLMDecomposer(self._chat_client(cfg.llm), self._rules(cfg.decompose.max_steps))
+        return self._rules(cfg.decompose.max_steps)
+
+    def _rules(self, max_steps: int):
+        from hipgraph.query.decompose import RuleDecomposer  # noqa: PLC0415
+
+        if self._rule_decomposer is None or self._rule_decomposer.max_steps != max_steps:
+            self._rule_decomposer = RuleDecomposer(self._spacy_model, max_steps)
+        return self._rule_decomposer
+
+    def _reader(self, cfg: RetrievalConfig):
+        if cfg.llm is None or not cfg.decompose.llm_bridges:
+            return None
+        from hipgraph.query.llm_steps import StepReader  # noqa: PLC0415
+
+        return StepReader(self._chat_client(cfg.llm))
 
     def _rank_bm25(self, questions: list[str], depth: int, cfg: RetrievalConfig) -> list[Ranked]:
         index = self._bm25_index(cfg)
@@ -197,15 +286,16 @@ class Retriever:
         return out
 
     # ------------------------------------------------------------------ graph mode
-    def _rank_graph(self, questions: list[str], depth: int, cfg_all: RetrievalConfig,
-                    qvec: np.ndarray | None = None) -> list[Ranked]:
+    def graph_run(self, questions: list[str], cfg_all: RetrievalConfig,
+                  qvec: np.ndarray | None = None) -> GraphRun:
+        """Seeds and PPR node scores of ``questions`` (one embedding call, one batched PPR)."""
         cfg = cfg_all.graph
         snap = self.snapshot()
         embedder = self._embedder()
         linked: list[dict[int, str]] = [{} for _ in questions]
         unmatched: list[tuple[int, str]] = []
         if cfg.link_question_entities and snap.n_entities:
-            for q, pairs in enumerate(self._spans.link(questions, self._entity_names())):
+            for q, pairs in enumerate(self._spans.link(questions, self.entity_names())):
                 for span, eid in pairs:
                     idx = int(snap.entity_index(np.array([eid]))[0]) if eid is not None else -1
                     if idx >= 0:
@@ -248,25 +338,37 @@ class Retriever:
                 snap, fact_rows[q], fact_scores[q], linked[q],
                 snap.passage_nodes(d_ids[q][valid]), d_scores[q][valid], cfg, threshold))
         graph_q = [q for q, s in enumerate(seeds) if s.has_graph_seeds]
-        scores = passage_scores(snap, reset_matrix(snap, [seeds[q] for q in graph_q]), cfg)
+        scores = node_scores(snap, reset_matrix(snap, [seeds[q] for q in graph_q]), cfg)
+        best_dense = d_scores[:, 0].astype(np.float64) if d_scores.shape[1] else np.zeros(len(questions))
+        best_fact = np.array([float(s[0]) if s.size else 0.0 for s in fact_scores])
+        return GraphRun(snap, seeds, {q: i for i, q in enumerate(graph_q)}, scores, qvec,
+                        filter_notes, best_dense, best_fact)
+
+    def _rank_graph(self, questions: list[str], depth: int, cfg_all: RetrievalConfig,
+                    qvec: np.ndarray | None = None) -> list[Ranked]:
+        return self.rank_run(self.graph_run(questions, cfg_all, qvec), depth, cfg_all.graph)
+
+    def rank_run(self, run: GraphRun, depth: int, cfg: GraphRetrievalConfig) -> list[Ranked]:
+        """Best ``depth`` passages per question of a :meth:`graph_run` (dense when unseeded)."""
+        snap = run.snapshot
         out: list[Ranked] = []
         dense_fallback = None
-        for q in range(len(questions)):
-            if q not in graph_q:
+        for q in range(len(run.seeds)):
+            if q not in run.rows:
                 if dense_fallback is None:
-                    dense_fallback = dense_rankings(self.vectors, qvec, depth)
+                    dense_fallback = dense_rankings(self.vectors, run.qvec, depth)
                 out.append([(pid, s, {**why, "fallback": "no fact or question entity matched"})
                             for pid, s, why in dense_fallback[q]])
                 continue
-            row = scores[graph_q.index(q)]
+            row = run.scores[run.rows[q], : snap.n_passages]
             top = top_passages(row, depth)
             base = {"mode": "graph"}
-            if filter_notes[q]:
-                base["fact_filter"] = filter_notes[q]
+            if run.filter_notes[q]:
+                base["fact_filter"] = run.filter_notes[q]
             out.append([(int(snap.passage_ids[node]), score, {**base, "ppr": score})
                         for node, score in top])
             if cfg.explain:
-                self._explain(snap, seeds[q], top, out[-1])
+                self._explain(snap, run.seeds[q], top, out[-1])
         return out
 
     def _fact_filter(self, cfg: RetrievalConfig) -> FactFilter | None:
@@ -311,7 +413,7 @@ class Retriever:
         """Fill each hit's ``why`` with the question's seeds and its strongest seed path."""
         paths = [strongest_path(snap, seeds, node) for node, _ in top]
         p = snap.n_passages
-        names = self._entity_names().by_id
+        names = self.entity_names().by_id
         facts = self._facts_of([int(snap.fact_ids[r]) for r, _ in seeds.facts])
         seed_facts = [{"fact_id": int(snap.fact_ids[r]), **facts.get(int(snap.fact_ids[r]), {}),
                        "score": round(s, 6)} for r, s in seeds.facts]
@@ -329,6 +431,15 @@ class Retriever:
             why.update({"seed_facts": seed_facts, "seed_entities": seed_entities,
                         "path": steps, "path_score": round(path_score, 8),
                         "dense_seed": round(seeds.passages.get(snap.passage_nodes(np.array([pid]))[0].item(), 0.0), 6)})
+
+    def passage_texts(self, passage_ids: list[int]) -> list[tuple[str, str]]:
+        """``(title, text)`` of each passage id, in the order given."""
+        if not passage_ids:
+            return []
+        rows = dict((int(i), (t, x)) for i, t, x in self.store.con.execute(
+            "SELECT id, title, text FROM passages WHERE id IN (SELECT unnest(?::BIGINT[]))",
+            [sorted(set(passage_ids))]).fetchall())
+        return [rows[i] for i in passage_ids if i in rows]
 
     def _facts_of(self, fact_ids: list[int]) -> dict[int, dict[str, str]]:
         if not fact_ids:

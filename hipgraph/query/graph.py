@@ -95,8 +95,13 @@ def reset_matrix(snapshot: GraphSnapshot, seeds: list[Seeds]) -> np.ndarray:
 
 def passage_scores(snapshot: GraphSnapshot, reset: np.ndarray, cfg: GraphRetrievalConfig) -> np.ndarray:
     """PPR mass of every passage node, ``(b, P)``."""
+    return node_scores(snapshot, reset, cfg)[:, : snapshot.n_passages]
+
+
+def node_scores(snapshot: GraphSnapshot, reset: np.ndarray, cfg: GraphRetrievalConfig) -> np.ndarray:
+    """PPR mass of every node (passages, then entities), ``(b, n)``."""
     if reset.shape[0] == 0:
-        return np.zeros((0, snapshot.n_passages))
+        return np.zeros((0, snapshot.n_nodes))
     before = numba.get_num_threads()
     numba.set_num_threads(min(cfg.ppr_threads, numba.config.NUMBA_NUM_THREADS))
     try:
@@ -104,7 +109,7 @@ def passage_scores(snapshot: GraphSnapshot, reset: np.ndarray, cfg: GraphRetriev
                 method=cfg.ppr_method, eps=cfg.ppr_eps)
     finally:
         numba.set_num_threads(before)
-    return np.asarray(x)[:, : snapshot.n_passages]
+    return np.asarray(x)
 
 
 def top_passages(scores: np.ndarray, k: int) -> list[tuple[int, float]]:

@@ -105,9 +105,10 @@ class EntityNames:
 
     def __init__(self, store: GraphStore):
         self.generation = store.generation
-        rows = store.con.execute("SELECT id, name FROM entities ORDER BY id").fetchall()
-        self.by_name = {name: int(eid) for eid, name in rows}
-        self.by_id = {int(eid): name for eid, name in rows}
+        rows = store.con.execute("SELECT id, name, label FROM entities ORDER BY id").fetchall()
+        self.by_name = {name: int(eid) for eid, name, _ in rows}
+        self.by_id = {int(eid): name for eid, name, _ in rows}
+        self.label_by_id = {int(eid): label or "" for eid, _, label in rows}
 
     def exact(self, span: str) -> int | None:
         return self.by_name.get(normalize_entity(span))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -45,19 +46,26 @@ def _add_retrieval(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("retrieval")
     group.add_argument("--fact-filter", action="store_true",
                        help="graph mode: let the LLM (--llm-base-url/--llm-model) keep the relevant facts")
+    group.add_argument("--llm-steps", action="store_true",
+                       help="decompose/expand modes: let the LLM decompose the question, read each "
+                            "step's passages for its bridge, rewrite weak steps and propose facts")
     _add_llm(parser)
 
 
 def _retrieval_config(args: argparse.Namespace):
     from hipgraph.config import ChatConfig, RetrievalConfig  # noqa: PLC0415
 
-    if not args.fact_filter:
+    if not args.fact_filter and not args.llm_steps:
         return None
+    flag = "--fact-filter" if args.fact_filter else "--llm-steps"
     if not args.llm_base_url or not args.llm_model:
-        raise InputError("--fact-filter needs --llm-base-url and --llm-model")
-    return RetrievalConfig(llm=ChatConfig(base_url=args.llm_base_url, model=args.llm_model,
-                                          api_key_env=args.llm_api_key_env,
-                                          max_concurrency=args.llm_concurrency))
+        raise InputError(f"{flag} needs --llm-base-url and --llm-model")
+    config = RetrievalConfig(llm=ChatConfig(base_url=args.llm_base_url, model=args.llm_model,
+                                            api_key_env=args.llm_api_key_env,
+                                            max_concurrency=args.llm_concurrency))
+    if not args.fact_filter:
+        config = config.replace(graph=dataclasses.replace(config.graph, fact_filter=False))
+    return config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,7 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=int, default=5)
     p.add_argument("--mode", default="graph", choices=_modes(),
                    help="graph (default: facts and question entities seed a personalized PageRank), "
-                        "dense, bm25 or hybrid (reciprocal-rank fusion)")
+                        "dense, bm25, hybrid (reciprocal-rank fusion), decompose (the question's "
+                        "constraints retrieved step by step, bridges chained) or expand (a query-"
+                        "time subgraph grown from the question's entities)")
+    p.add_argument("--persist", action="store_true",
+                   help="expand mode: write verified new facts into the index")
     group = p.add_argument_group("answering")
     group.add_argument("--answer", action="store_true",
                        help="hand the passages to a generator and print its cited answer")
@@ -263,19 +275,39 @@ def cmd_query(args: argparse.Namespace) -> int:
             for n, h in enumerate(answer.citations, start=1):
                 print(f"  [{n}] {h.title} (doc {h.doc_id})")
         return 0
-    with hipgraph.open(args.db, read_only=True) as hg:
-        hits = hg.retrieve(args.question, k=args.k, mode=args.mode, config=config)
+    if args.persist and args.mode != "expand":
+        raise InputError("--persist applies to --mode expand only")
+    extra: dict[str, Any] = {}
+    with hipgraph.open(args.db, read_only=not args.persist) as hg:
+        if args.mode == "decompose":
+            result = hg.decompose(args.question, k=args.k, config=config)
+            hits, extra["trace"] = result.hits, result.trace()
+        elif args.mode == "expand":
+            result = hg.expand(args.question, k=args.k, config=config, persist=args.persist)
+            hits = result.hits
+            extra.update({k: v for k, v in result.to_dict().items() if k not in {"question", "hits"}})
+        else:
+            hits = hg.retrieve(args.question, k=args.k, mode=args.mode, config=config)
     if args.json:
-        print(json.dumps({"question": args.question, "mode": args.mode,
+        print(json.dumps({"question": args.question, "mode": args.mode, **extra,
                           "hits": [h.to_dict() for h in hits]}, indent=2))
     else:
         print(f"Q: {args.question}")
+        for step in extra.get("trace", {}).get("steps", []):
+            bridge = f" -> {step['bridge']}" if step.get("bridge") else ""
+            attempt = step["attempts"][step["chosen_attempt"]]
+            print(f"  step {step['step']}: {attempt['queries'][0][0]}{bridge}")
+        for fact in extra.get("facts", []):
+            mark = "" if fact.get("verified", True) else " (unverified)"
+            print(f"  fact: ({fact.get('subject')}; {fact.get('relation')}; {fact.get('object')}){mark}")
         for h in hits:
             text = h.text if len(h.text) <= 240 else h.text[:237] + "..."
             print(f"{h.rank:>3}. [{h.score:.4f}] {h.title} (doc {h.doc_id})\n     {text}")
             path = [step["name"] for step in h.why.get("path", []) if "name" in step]
             if path:
                 print(f"     via: {' -> '.join(path)} -> this passage")
+            if h.why.get("constraints"):
+                print(f"     satisfies: {', '.join(f'step {n}' if n else 'question' for n in h.why['constraints'])}")
     return 0
 
 
@@ -341,6 +373,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             print(f"  answers: EM {r.qa['exact_match']:.2f}  F1 {r.qa['f1']:.2f}  "
                   f"abstained {r.qa['abstention_rate']:.2f}%  invalid {r.qa['invalid_rate']:.2f}%  "
                   f"(n={r.qa['questions']})")
+        if r.decomposition:
+            d = r.decomposition
+            print(f"  decomposition vs gold: steps right {d['step_count_accuracy']:.2f}%  "
+                  f"step F1 {d['step_f1']:.2f}  (n={d['questions']})")
         for g, rec in r.by_hops.items():
             print(f"  {g:6s} " + "".join(f"  {rec[k]:6.2f}" for k in cutoffs)
                   + f"   (n={r.hop_counts[g]})")

@@ -235,7 +235,7 @@ class DecomposeConfig:
     step_depth: int = 20
     bridge_passages: int = 3
     bridge_candidates: int = 3
-    beam: int = 2  # candidates of the previous step tried at once (weighted) in a chained step
+    beam: int = 1  # candidates of the previous step tried at once (weighted) in a chained step
     read_passages: int = 3  # passages the LLM reads per step
     type_boost: float = 4.0
     noun_chunk_factor: float = 0.2
@@ -245,8 +245,9 @@ class DecomposeConfig:
     max_retries: int = 2
     question_weight: float = 1.0
     step_weight: float = 1.0
-    cover_depth: int = 5
-    coverage_first: bool = False
+    cover_depth: int = 3
+    coverage_first: bool = True
+    cover_question: bool = True  # the whole question counts as a constraint for coverage
     llm_bridges: bool = True  # with an LLM: bridges are its short answers, weak steps rewritten
 
     def __post_init__(self) -> None:
@@ -262,6 +263,50 @@ class DecomposeConfig:
 
 
 @dataclass(frozen=True)
+class ExpandConfig:
+    """``expand`` mode: dynamic knowledge-graph expansion (see :mod:`hipgraph.query.expand`).
+
+    The subgraph starts from graph mode's seeds (linked question entities, seed facts). Each of
+    at most ``max_iterations`` rounds expands up to ``frontier_size`` frontier entities: each
+    pulls its ``facts_per_entity`` stored facts most similar to the question (cosine >=
+    ``min_relevance``); the first round also takes the ``retrieval_facts`` best facts of a fact
+    search. With an LLM (``RetrievalConfig.llm`` and ``llm_propose``) the model proposes up to
+    ``max_proposals`` facts per round from the ``read_passages`` best passages. Every candidate
+    is checked against passages: a stored fact against its source passages, a proposed one
+    against passages that mention both its ends (among those of its entities and the
+    ``support_passages`` best retrieved); it is kept when the best fact-passage cosine reaches
+    ``min_support`` (and, with ``llm_verify``, the model judges it entailed). The subgraph holds
+    at most ``max_entities`` entities. Passages are ranked by PPR seeded like graph mode plus
+    each subgraph entity with ``entity_weight`` x relevance x ``hop_decay`` ** hop / passages.
+    """
+
+    max_iterations: int = 2
+    max_entities: int = 24
+    frontier_size: int = 8
+    facts_per_entity: int = 3
+    retrieval_facts: int = 8
+    min_relevance: float = 0.35  # cosine of a candidate fact to the question
+    min_support: float = 0.35  # cosine of a fact to a passage that supports it
+    support_passages: int = 20
+    entity_weight: float = 0.5
+    hop_decay: float = 0.5
+    llm_propose: bool = True
+    llm_verify: bool = True
+    max_proposals: int = 5
+    read_passages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("max_iterations", "max_entities", "frontier_size", "facts_per_entity",
+                     "support_passages", "max_proposals", "read_passages"):
+            _check(getattr(self, name) >= 1, f"expand.{name} must be >= 1, got {getattr(self, name)}")
+        _check(self.retrieval_facts >= 0, "expand.retrieval_facts must be >= 0")
+        _check(-1.0 <= self.min_relevance <= 1.0, "expand.min_relevance must be in [-1, 1]")
+        _check(-1.0 <= self.min_support <= 1.0, "expand.min_support must be in [-1, 1]")
+        _check(self.entity_weight >= 0, "expand.entity_weight must be >= 0")
+        _check(0.0 <= self.hop_decay <= 1.0, "expand.hop_decay must be in [0, 1]")
+
+
+@dataclass(frozen=True)
 class RetrievalConfig:
     """Query-time settings (not saved with the index; pass per ``open`` or per call)."""
 
@@ -272,6 +317,7 @@ class RetrievalConfig:
     hybrid_modes: tuple[str, ...] = ("graph", "dense", "bm25")
     fusion_depth: int = 100  # ranks each hybrid component contributes
     decompose: DecomposeConfig = field(default_factory=DecomposeConfig)
+    expand: ExpandConfig = field(default_factory=ExpandConfig)
     llm: ChatConfig | None = None  # for the graph mode's fact filter; None = no LLM calls
 
     def __post_init__(self) -> None:

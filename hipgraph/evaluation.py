@@ -120,6 +120,7 @@ class ModeResult:
     ms_per_query: float = 0.0
     rankings: list[list[str]] = field(default_factory=list)  # distinct doc ids per question
     qa: dict[str, float] = field(default_factory=dict)  # exact_match, f1, abstention_rate (percent)
+    decomposition: dict[str, float] = field(default_factory=dict)  # decompose mode vs gold steps
     predictions: list[str | None] = field(default_factory=list)  # per question, with --qa
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,6 +129,8 @@ class ModeResult:
                                "ms_per_query": self.ms_per_query}
         if self.qa:
             out["qa"] = dict(self.qa)
+        if self.decomposition:
+            out["decomposition"] = dict(self.decomposition)
         if self.by_hops:
             out["by_hops"] = {g: {"questions": self.hop_counts[g],
                                   **{f"recall@{k}": v for k, v in r.items()}}
@@ -149,14 +152,21 @@ def evaluate(hg: Any, questions: Sequence[dict[str, Any]], modes: Sequence[str],
             hg.retrieve_many([qs[0]["question"]], k=depth, mode=mode, config=config)
         t0 = time.perf_counter()
         rankings: list[list[str]] = []
+        decompositions: list[Any] = []
         for start in range(0, len(qs), batch_size):
-            batch = qs[start:start + batch_size]
-            hits = hg.retrieve_many([q["question"] for q in batch], k=depth * 3, mode=mode,
-                                    config=config)
+            batch = [q["question"] for q in qs[start:start + batch_size]]
+            if mode == "decompose":  # the same retrieval, keeping the decompositions
+                done = hg.retriever.decompose_many(batch, depth * 3, config)
+                decompositions.extend(d.decomposition for d in done)
+                hits = [d.hits for d in done]
+            else:
+                hits = hg.retrieve_many(batch, k=depth * 3, mode=mode, config=config)
             rankings.extend(distinct_docs(h)[:depth] for h in hits)
         elapsed = time.perf_counter() - t0
         res = ModeResult(mode=mode, recall={}, rankings=rankings,
                          ms_per_query=round(1000 * elapsed / max(1, len(qs)), 2))
+        if decompositions:
+            res.decomposition = decomposition_quality(decompositions, qs)
         groups: dict[str, list[int]] = {}
         for i, q in enumerate(qs):
             g = hop_group(q)
@@ -173,6 +183,34 @@ def evaluate(hg: Any, questions: Sequence[dict[str, Any]], modes: Sequence[str],
             _score_answers(hg, qs, mode, res, config, generator, answer_k, batch_size)
         results.append(res)
     return results
+
+
+def decomposition_quality(decompositions: Sequence[Any], questions: Sequence[dict[str, Any]]
+                          ) -> dict[str, float]:
+    """How predicted steps match gold ones (``meta.question_decomposition``, MuSiQue's format).
+
+    ``step_count_accuracy``: share of questions split into the gold number of steps (percent);
+    ``step_f1``: token F1 of each predicted step with the gold step at the same position
+    (slots ``#k`` and MuSiQue's ``>>`` dropped; a missing or extra step scores 0), averaged.
+    """
+    pairs = [(d, q["meta"]["question_decomposition"]) for d, q in zip(decompositions, questions, strict=True)
+             if isinstance(q.get("meta"), dict) and isinstance(q["meta"].get("question_decomposition"), list)
+             and q["meta"]["question_decomposition"]]
+    if not pairs:
+        return {}
+    same = f1 = 0.0
+    for dec, gold in pairs:
+        pred = [_step_words(s.text) for s in dec.steps]
+        ref = [_step_words(str(g.get("question", ""))) for g in gold]
+        same += len(pred) == len(ref)
+        f1 += sum(token_f1(p, [r]) for p, r in zip(pred, ref, strict=False)) / max(len(pred), len(ref))
+    n = len(pairs)
+    return {"questions": n, "step_count_accuracy": round(100 * same / n, 2),
+            "step_f1": round(100 * f1 / n, 2)}
+
+
+def _step_words(text: str) -> str:
+    return re.sub(r"#\d+|>>", " ", text)
 
 
 def _score_answers(hg: Any, qs: Sequence[dict[str, Any]], mode: str, res: ModeResult,

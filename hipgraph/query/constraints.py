@@ -153,8 +153,9 @@ class ConstraintRunner:
         while wave or not whole:
             batch = [qs for _, qs in whole_queries] if not whole else []
             batch += [p.queries for p in wave]
-            results = self._retrieve_variants(batch, [None] * (len(batch) - len(wave))
-                                              + [p.trace.step.head for p in wave], step_depth, gcfg)
+            heads = [None] * (len(batch) - len(wave)) + [p.trace.step.head for p in wave]
+            seen = [set()] * (len(batch) - len(wave)) + [_chain_words(p.trace, traces[p.q]) for p in wave]
+            results = self._retrieve_variants(batch, heads, seen, step_depth, gcfg)
             if not whole:
                 whole = [r[0] for r in results[: len(questions)]]
                 results = results[len(questions):]
@@ -167,7 +168,7 @@ class ConstraintRunner:
                 if nxt is not None:
                     retry.append(nxt)
                 else:
-                    self._settle(p.trace)
+                    self._settle(p.trace, any(p.trace.number in t.step.depends_on for t in traces[p.q]))
             wave = retry
             for q, ts in enumerate(traces):
                 for t in ts:
@@ -204,8 +205,8 @@ class ConstraintRunner:
         return out
 
     # ------------------------------------------------------------------ retrieval
-    def _retrieve_variants(self, batch: list[list[tuple[str, float]]], heads: list[str | None], depth: int,
-                           cfg: RetrievalConfig) -> list[tuple[Ranked, float, list[tuple[str, float]]]]:
+    def _retrieve_variants(self, batch: list[list[tuple[str, float]]], heads: list[str | None],
+                           seen: list[set[str]], depth: int, cfg: RetrievalConfig) -> list[tuple[Ranked, float, list[tuple[str, float]]]]:
         """One batched graph retrieval for every query of every entry; per entry the weighted
         reciprocal-rank fusion of its queries' rankings, the best evidence, and bridge candidates."""
         flat = [query for queries in batch for query, _ in queries]
@@ -213,7 +214,7 @@ class ConstraintRunner:
         rankings = self.retriever.rank_run(run, depth, cfg.graph)
         out = []
         i = 0
-        for queries, head in zip(batch, heads, strict=True):
+        for queries, head, words in zip(batch, heads, seen, strict=True):
             fused: dict[int, float] = {}
             cands: dict[str, float] = {}
             evidence = -1.0
@@ -222,7 +223,8 @@ class ConstraintRunner:
                     fused[pid] = fused.get(pid, 0.0) + weight / (cfg.rrf_k + r)
                 evidence = max(evidence, float(max(run.best_fact[i], run.best_dense[i])))
                 if head is not None:  # a step, not the whole question
-                    for name, sc in self._bridge_candidates(run, i, rankings[i], query, head, cfg.decompose):
+                    for name, sc in self._bridge_candidates(run, i, rankings[i], query, head, words,
+                                                            cfg.decompose):
                         cands[name] = cands.get(name, 0.0) + weight * sc
                 i += 1
             if len(queries) == 1:
@@ -235,7 +237,7 @@ class ConstraintRunner:
         return out
 
     def _bridge_candidates(self, run, i: int, ranking: Ranked, query: str, head: str,
-                           dcfg: DecomposeConfig) -> list[tuple[str, float]]:
+                           seen: set[str], dcfg: DecomposeConfig) -> list[tuple[str, float]]:
         """Entities of the best passages, strongest first, excluding the query's own anchors.
 
         An entity scores its PPR mass over the square root of its passage count (so hubs such as
@@ -246,7 +248,8 @@ class ConstraintRunner:
         names = self.retriever.entity_names()
         p = snap.n_passages
         seeds = run.seeds[i]
-        anchor_words = _words(query) | {w for s in seeds.linked.values() for w in _words(s)}
+        # the step's anchors and everything earlier steps of its chain named
+        anchor_words = _words(query) | {w for s in seeds.linked.values() for w in _words(s)} | seen
         row = run.rows.get(i)
         count = snap.entity_passage_count
         scores: dict[int, float] = {}
@@ -310,14 +313,17 @@ class ConstraintRunner:
         queries = self._variants(p.trace.step, traces, dcfg, used)
         return _Pending(p.q, p.trace, queries, "next bridge candidates", used) if queries else None
 
-    def _settle(self, trace: StepTrace) -> None:
-        """Keep the strongest attempt; the LLM's answer or its best candidate is the bridge."""
+    def _settle(self, trace: StepTrace, needed: bool = True) -> None:
+        """Keep the strongest attempt; the LLM's answer or its best candidate is the bridge
+        (of a step another depends on: ``needed``)."""
         def strength(j: int) -> tuple:
             a = trace.attempts[j]
             return (a.sufficient is not False, a.evidence, -j)
         trace.chosen = max(range(len(trace.attempts)), key=strength)
         best = trace.best
-        if best.answer:
+        if not needed:
+            trace.bridge, trace.bridge_source = None, ""
+        elif best.answer:
             trace.bridge, trace.bridge_source = best.answer, "llm"
         elif best.candidates:
             trace.bridge, trace.bridge_source = best.candidates[0][0], "graph"
@@ -334,7 +340,7 @@ class ConstraintRunner:
         for number, ranking, weight in parts:
             for r, (pid, _, _) in enumerate(ranking, start=1):
                 fused[pid] = fused.get(pid, 0.0) + weight / (cfg.rrf_k + r)
-                if number and r <= dcfg.cover_depth:
+                if (number or dcfg.cover_question) and r <= dcfg.cover_depth:
                     covers.setdefault(pid, []).append(number)
         order = sorted(fused, key=lambda pid: (-len(covers.get(pid, [])) if dcfg.coverage_first else 0,
                                                -fused[pid], pid))
@@ -345,6 +351,19 @@ class ConstraintRunner:
 _NUMERIC_LABELS = frozenset({"DATE", "TIME", "CARDINAL", "ORDINAL", "PERCENT", "QUANTITY", "MONEY"})
 _PLACE_WORDS = frozenset({"country", "state", "city", "county", "province", "region", "district",
                           "town", "village", "island", "continent", "river", "lake", "mountain"})
+
+
+def _chain_words(trace: StepTrace, traces: list[StepTrace]) -> set[str]:
+    """Words of every query and bridge of the steps ``trace`` depends on, transitively."""
+    out: set[str] = set()
+    todo = list(trace.step.depends_on)
+    while todo:
+        dep = traces[todo.pop() - 1]
+        for a in dep.attempts:
+            out |= _words(a.queries[0][0]) if a.queries else set()
+        out |= _words(dep.bridge or "")
+        todo.extend(dep.step.depends_on)
+    return out
 
 
 def _words(text: str) -> set[str]:
@@ -358,7 +377,7 @@ def _type_factor(label: str, words: set[str], head: str, wanted: frozenset[str],
                  dcfg: DecomposeConfig) -> float:
     """How well an entity of ``label`` named ``words`` fits what the head noun asks for."""
     date_wanted = "DATE" in wanted
-    if label in _NUMERIC_LABELS:
+    if label in _NUMERIC_LABELS or any(w[:1].isdigit() for w in words):
         return dcfg.type_boost if date_wanted and label in {"DATE", "TIME"} else dcfg.mismatch_factor
     if label == "NOUN_CHUNK":
         factor = dcfg.noun_chunk_factor

@@ -173,7 +173,10 @@ def _descriptions(doc) -> dict[int, tuple[int, int, str]]:
                 kinds.add("poss")
         if not kinds or tok.pos_ == "PRON":
             continue
-        lo, hi = tok.left_edge.i, tok.right_edge.i + 1
+        lo = tok.left_edge.i
+        # a coordinated description ("the father of X and the mother of Y") is its own step
+        hi = max([tok.i + 1] + [c.right_edge.i + 1 for c in tok.children
+                                if c.dep_ not in {"conj", "cc"} and not (c.i > tok.i and c.dep_ == "punct")])
         while hi > lo and doc[hi - 1].pos_ == "PUNCT":
             hi -= 1
         while lo < hi and doc[lo].pos_ in {"ADP", "PUNCT", "CCONJ"}:

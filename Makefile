@@ -47,7 +47,7 @@ bench: $(DEV_STAMP)
 # retrieval quality per mode, query latency and PPR kernels on the MuSiQue bundle's index
 bench-query: $(DEV_STAMP)
 	$(VENV)/bin/hipgraph eval --db indexes/musique $(MULTIHOP)/musique_train100.json \
-		--modes graph,dense,bm25,hybrid --k 1,2,5,10
+		--modes graph,dense,bm25,hybrid,decompose,expand --k 1,2,5,10
 	$(PY) benchmarks/query_latency.py --db indexes/musique --bundle $(MULTIHOP)/musique_train100.json
 	$(PY) benchmarks/ppr.py
 	$(PY) benchmarks/ppr.py --db indexes/musique

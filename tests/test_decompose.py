@@ -231,3 +231,19 @@ def test_cli_query_decompose_prints_steps_and_json(inline_template, tmp_path):
     assert out["hits"] and "constraints" in out["hits"][0]["why"]
     bad = run_cli("query", "--db", str(db), "--mode", "graph", "--persist", MULTIHOP)
     assert bad.returncode == 2 and "--persist" in bad.stderr
+
+
+def test_llm_reading_failure_falls_back_to_graph_bridges(inline_index):
+    steps = json.dumps({"steps": ["Which organization published the Journal of Psychotherapy Integration?",
+                                  "Who was the first president of #1?"]})
+
+    def handler(body):
+        if "split a multi-hop question" in body["messages"][0]["content"]:
+            return steps
+        return (500, {"error": {"message": "model crashed"}})
+
+    with ScriptedOpenAIServer(chat_handler=handler) as srv:
+        cfg = RetrievalConfig(llm=ChatConfig(base_url=srv.base_url, model="m", max_retries=0))
+        first = inline_index.decompose(MULTIHOP, k=3, config=cfg).trace()["steps"][0]
+    assert first["bridge_source"] == "graph" and first["bridge"] == "american psychological association"
+    assert "sufficient" not in first["attempts"][0]

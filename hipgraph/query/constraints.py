@@ -161,9 +161,9 @@ class ConstraintRunner:
                 results = results[len(questions):]
             retry: list[_Pending] = []
             for p, (ranking, evidence, candidates) in zip(wave, results, strict=True):
-                attempt = Attempt(p.queries, evidence, p.reason, ranking, candidates)
-                p.trace.attempts.append(attempt)
-                self._read(questions[p.q], p.trace, attempt, dcfg)
+                p.trace.attempts.append(Attempt(p.queries, evidence, p.reason, ranking, candidates))
+            self._read(questions, wave, dcfg)
+            for p in wave:
                 nxt = self._retry(p, traces[p.q], questions[p.q], dcfg)
                 if nxt is not None:
                     retry.append(nxt)
@@ -285,12 +285,17 @@ class ConstraintRunner:
         return out[: dcfg.bridge_candidates]
 
     # ------------------------------------------------------------------ retries and bridges
-    def _read(self, question: str, trace: StepTrace, attempt: Attempt, dcfg: DecomposeConfig) -> None:
-        """With an LLM reader: its short answer to the step and whether the context sufficed."""
-        if self.reader is None or not dcfg.llm_bridges:
+    def _read(self, questions: list[str], wave: list[_Pending], dcfg: DecomposeConfig) -> None:
+        """With an LLM reader: each step's short answer and whether its passages sufficed (one
+        concurrent batch of requests per wave)."""
+        if self.reader is None or not dcfg.llm_bridges or not wave:
             return
-        passages = self.retriever.passage_texts([pid for pid, _, _ in attempt.ranking[: dcfg.read_passages]])
-        attempt.answer, attempt.sufficient = self.reader.read(question, attempt.queries[0][0], passages)
+        attempts = [p.trace.attempts[-1] for p in wave]
+        items = [(questions[p.q], a.queries[0][0],
+                  self.retriever.passage_texts([pid for pid, _, _ in a.ranking[: dcfg.read_passages]]))
+                 for p, a in zip(wave, attempts, strict=True)]
+        for a, (answer, sufficient) in zip(attempts, self.reader.read_many(items), strict=True):
+            a.answer, a.sufficient = answer, sufficient
 
     def _retry(self, p: _Pending, traces: list[StepTrace], question: str,
                dcfg: DecomposeConfig) -> _Pending | None:

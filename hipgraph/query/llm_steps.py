@@ -88,22 +88,30 @@ class StepReader:
         self.read_prompt = load_prompt("step_read")
         self.rewrite_prompt = load_prompt("step_rewrite")
 
-    def read(self, question: str, step: str, passages: Sequence[tuple[str, str]]
-             ) -> tuple[str | None, bool | None]:
-        """``(short answer or None, sufficient)``; ``(None, None)`` when the LLM failed."""
-        messages = self.read_prompt.render(question=question, step=step,
-                                           passages=format_passages(passages))
-        try:
-            data = parse_json_reply(self.client.complete(messages, json_mode=True).text)
-            if not isinstance(data, dict) or not isinstance(data.get("sufficient"), bool) \
-                    or not isinstance(data.get("answer", ""), str):
-                raise ValueError('expected {"answer": str, "sufficient": bool}')
-        except (LLMError, ValueError) as exc:
-            logger.warning("step reading failed for %r: %s", step, exc)
-            return None, None
-        answer = data.get("answer", "").strip()
-        sufficient = data["sufficient"] and bool(answer)
-        return (answer if sufficient else None), sufficient
+    def read_many(self, items: Sequence[tuple[str, str, Sequence[tuple[str, str]]]]
+                  ) -> list[tuple[str | None, bool | None]]:
+        """Per ``(question, step, passages)``: ``(short answer or None, sufficient)``, or
+        ``(None, None)`` where the LLM failed."""
+        batch = [self.read_prompt.render(question=q, step=step, passages=format_passages(passages))
+                 for q, step, passages in items]
+        replies = self.client.complete_many(batch, json_mode=True, return_exceptions=True)
+        out: list[tuple[str | None, bool | None]] = []
+        for (_, step, _), reply in zip(items, replies, strict=True):
+            try:
+                if isinstance(reply, LLMError):
+                    raise ValueError(f"request failed: {reply}")
+                data = parse_json_reply(reply.text)
+                if not isinstance(data, dict) or not isinstance(data.get("sufficient"), bool) \
+                        or not isinstance(data.get("answer", ""), str):
+                    raise ValueError('expected {"answer": str, "sufficient": bool}')
+            except ValueError as exc:
+                logger.warning("step reading failed for %r: %s", step, exc)
+                out.append((None, None))
+                continue
+            answer = data.get("answer", "").strip()
+            sufficient = data["sufficient"] and bool(answer)
+            out.append(((answer if sufficient else None), sufficient))
+        return out
 
     def rewrite(self, question: str, step: str, passages: Sequence[tuple[str, str]]) -> str | None:
         """A rewritten query for ``step``, or None when the LLM failed."""

@@ -196,7 +196,7 @@ def test_missing_index_is_a_clear_error(tmp_path):
 
 def test_question_entity_linking_prefers_whole_titles(inline_index):
     linker = inline_index.retriever._spans
-    names = inline_index.retriever._entity_names()
+    names = inline_index.retriever.entity_names()
     (pairs,) = linker.link(["Who published the Journal of Mathematical Physics in Copenhagen?"], names)
     linked = {normalize_entity(t): eid for t, eid in pairs}
     assert set(linked) == {"journal of mathematical physics", "copenhagen"}  # not "mathematical physics"

@@ -170,7 +170,8 @@ class HipGraph:
 
     def retrieve(self, question: str, k: int = 5, mode: str = "graph",
                  config: RetrievalConfig | None = None) -> list[Hit]:
-        """Top-``k`` passages for ``question``; ``mode`` is graph | dense | bm25 | hybrid.
+        """Top-``k`` passages for ``question``; ``mode`` is graph | dense | bm25 | hybrid | decompose |
+        expand (:meth:`decompose` and :meth:`expand` return the same hits with their traces).
 
         Each hit's ``why`` says how it was found (graph: seed facts and entities, the strongest
         seed-to-passage path, its PPR mass). ``config`` overrides this session's retrieval settings.

@@ -293,7 +293,8 @@ def cmd_query(args: argparse.Namespace) -> int:
                           "hits": [h.to_dict() for h in hits]}, indent=2))
     else:
         print(f"Q: {args.question}")
-        for step in extra.get("trace", {}).get("steps", []):
+        trace = extra.get("trace")
+        for step in trace.get("steps", []) if isinstance(trace, dict) else []:
             bridge = f" -> {step['bridge']}" if step.get("bridge") else ""
             attempt = step["attempts"][step["chosen_attempt"]]
             print(f"  step {step['step']}: {attempt['queries'][0][0]}{bridge}")

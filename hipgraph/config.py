@@ -266,18 +266,19 @@ class DecomposeConfig:
 class ExpandConfig:
     """``expand`` mode: dynamic knowledge-graph expansion (see :mod:`hipgraph.query.expand`).
 
-    The subgraph starts from graph mode's seeds (linked question entities, seed facts). Each of
-    at most ``max_iterations`` rounds expands up to ``frontier_size`` frontier entities: each
-    pulls its ``facts_per_entity`` stored facts most similar to the question (cosine >=
-    ``min_relevance``); the first round also takes the ``retrieval_facts`` best facts of a fact
-    search. With an LLM (``RetrievalConfig.llm`` and ``llm_propose``) the model proposes up to
-    ``max_proposals`` facts per round from the ``read_passages`` best passages. Every candidate
-    is checked against passages: a stored fact against its source passages, a proposed one
-    against passages that mention both its ends (among those of its entities and the
-    ``support_passages`` best retrieved); it is kept when the best fact-passage cosine reaches
-    ``min_support`` (and, with ``llm_verify``, the model judges it entailed). The subgraph holds
-    at most ``max_entities`` entities. Passages are ranked by PPR seeded like graph mode plus
-    each subgraph entity with ``entity_weight`` x relevance x ``hop_decay`` ** hop / passages.
+    The subgraph starts from graph mode's linked question entities. Each of at most
+    ``max_iterations`` rounds expands up to ``frontier_size`` frontier entities: each pulls its
+    ``facts_per_entity`` stored facts most similar to the question (cosine >= ``min_relevance``);
+    the first round also takes the ``retrieval_facts`` best facts of a fact search. With an LLM
+    (``RetrievalConfig.llm`` and ``llm_propose``) the model proposes up to ``max_proposals`` facts
+    per round from the ``read_passages`` best passages. Every candidate is checked against
+    passages: a stored fact against its source passages, a proposed one against passages that
+    mention both its ends (those of its entities and the ``support_passages`` best retrieved);
+    it is kept when the best fact-passage cosine reaches ``min_support`` and, with
+    ``llm_verify``, the model judges it entailed. The subgraph holds at most ``max_entities``
+    entities. Ranking: the question's graph ranking fused by reciprocal rank (``rrf_k``) with
+    the graph rankings of up to ``path_queries`` path queries (the question plus a verified fact
+    that leads from a question entity to a new one), weighted ``path_weight`` in all.
     """
 
     max_iterations: int = 2
@@ -288,8 +289,8 @@ class ExpandConfig:
     min_relevance: float = 0.35  # cosine of a candidate fact to the question
     min_support: float = 0.35  # cosine of a fact to a passage that supports it
     support_passages: int = 20
-    entity_weight: float = 0.5
-    hop_decay: float = 0.5
+    path_queries: int = 2
+    path_weight: float = 0.7
     llm_propose: bool = True
     llm_verify: bool = True
     max_proposals: int = 5
@@ -300,10 +301,10 @@ class ExpandConfig:
                      "support_passages", "max_proposals", "read_passages"):
             _check(getattr(self, name) >= 1, f"expand.{name} must be >= 1, got {getattr(self, name)}")
         _check(self.retrieval_facts >= 0, "expand.retrieval_facts must be >= 0")
+        _check(self.path_queries >= 0, "expand.path_queries must be >= 0")
         _check(-1.0 <= self.min_relevance <= 1.0, "expand.min_relevance must be in [-1, 1]")
         _check(-1.0 <= self.min_support <= 1.0, "expand.min_support must be in [-1, 1]")
-        _check(self.entity_weight >= 0, "expand.entity_weight must be >= 0")
-        _check(0.0 <= self.hop_decay <= 1.0, "expand.hop_decay must be in [0, 1]")
+        _check(self.path_weight >= 0, "expand.path_weight must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ source passages, a proposed one against passages that mention both of its ends (
 support, then the model's entailment verdict); the rest are dropped with the reason in the
 trace. Expansion stops at ``max_iterations`` or ``max_entities`` (:class:`ExpandConfig`).
 
-Passages are ranked by personalized PageRank seeded like graph mode plus the subgraph's entities
-(weighted by relevance to the question and hop); each hit's ``why`` names the subgraph facts the
-passage supports. ``persist=True`` writes verified new facts (proposed by the LLM, not stored
-yet) into the index in one transaction, with their supporting passages as provenance.
+Passages: the question's graph ranking is fused by reciprocal rank with the graph rankings of
+path queries, the question followed by a verified fact that leads from a question entity to a new
+one (the bridge the question is after); each hit's ``why`` names the subgraph facts the passage
+supports. ``persist=True`` writes verified new facts (proposed by the LLM, not stored yet) into
+the index in one transaction, with their supporting passages as provenance.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import json
 import logging
 import re
 import unicodedata
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,23 +29,24 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from hipgraph.config import ExpandConfig, IndexConfig, RetrievalConfig
+from hipgraph.config import ExpandConfig, RetrievalConfig
 from hipgraph.errors import LLMError, StoreError
 from hipgraph.indexers.extract_llm import parse_json_reply
-from hipgraph.indexers.graph_update import Removed, refresh_entities, update_synonyms
+from hipgraph.indexers.learned_facts import LearnedFact, persist_facts
 from hipgraph.indexers.normalize import clean_surface, normalize_entity, normalize_relation
 from hipgraph.indexers.pipeline import fact_text
 from hipgraph.models.chat import ChatClient
 from hipgraph.prompts import load_prompt
 from hipgraph.query.dense import dense_rankings
-from hipgraph.query.graph import node_scores, reset_matrix, top_passages
+from hipgraph.query.graph import top_passages
 from hipgraph.query.hits import Ranked
-from hipgraph.query.snapshot import GraphSnapshot
 from hipgraph.types import Hit
 
 logger = logging.getLogger(__name__)
 
 GRAPH, RETRIEVAL, LLM = "graph", "retrieval", "llm"
+HUB_FACTS = 1000  # a frontier entity in more stored facts than this is too generic to expand
+POOL_PASSAGES = 200  # passages of one entity checked for mentions of a proposed fact's other end
 _QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2013": "-", "\u2014": "-"})
 _SPACES = re.compile(r"\s+")
 
@@ -112,12 +113,14 @@ class Expansion:
     ranking: Ranked
     hits: list[Hit] = field(default_factory=list)  # the top k as hits, filled by the retriever
     trace: list[dict[str, Any]] = field(default_factory=list)
-    persisted: int = 0
+    persisted: int = 0  # new facts this expansion wrote into the index (persist=True)
+    path_queries: list[str] = field(default_factory=list)  # the refined queries fused into ranking
 
     def to_dict(self) -> dict[str, Any]:
         return {"question": self.question, "facts": [f.to_dict() for f in self.facts],
                 "entities": [e.to_dict() for e in self.entities], "trace": self.trace,
-                "persisted": self.persisted, "hits": [h.to_dict() for h in self.hits]}
+                "path_queries": self.path_queries, "persisted": self.persisted,
+                "hits": [h.to_dict() for h in self.hits]}
 
 
 # ---------------------------------------------------------------------- internal state
@@ -158,35 +161,12 @@ class _State:
     facts: dict[Key, SubgraphFact] = field(default_factory=dict)
     seen: set[Key] = field(default_factory=set)
     trace: list[dict[str, Any]] = field(default_factory=list)
-    proposals: list[_Candidate] = field(default_factory=list)
+    path_queries: list[str] = field(default_factory=list)
+    shown: set[int] = field(default_factory=set)  # passages the model has read
 
 
 def _triple(c: _Candidate | SubgraphFact) -> list[str]:
     return [c.subject, c.relation, c.object]
-
-
-_INCIDENCE: dict[int, tuple[weakref.ref, tuple[np.ndarray, np.ndarray]]] = {}
-
-
-def entity_facts(snap: GraphSnapshot) -> tuple[np.ndarray, np.ndarray]:
-    """``(indptr, fact rows)``: the stored facts each entity index is subject or object of
-    (computed once per snapshot)."""
-    hit = _INCIDENCE.get(id(snap))
-    if hit is not None and hit[0]() is snap:
-        return hit[1]
-    n_f = snap.fact_ids.size
-    ents = np.concatenate([snap.fact_subject, snap.fact_object]).astype(np.int64)
-    rows = np.concatenate([np.arange(n_f), np.arange(n_f)])
-    ok = ents >= 0
-    ents, rows = ents[ok], rows[ok]
-    order = np.argsort(ents, kind="stable")
-    indptr = np.zeros(snap.n_entities + 1, np.int64)
-    np.cumsum(np.bincount(ents, minlength=snap.n_entities), out=indptr[1:])
-    value = (indptr, rows[order])
-    for k in [k for k, (ref, _) in _INCIDENCE.items() if ref() is None]:
-        del _INCIDENCE[k]
-    _INCIDENCE[id(snap)] = (weakref.ref(snap), value)
-    return value
 
 
 def _norm_text(text: str) -> str:
@@ -259,12 +239,13 @@ class Expander:
             if it > 0 and not any(frontier) and not self._can_propose(ecfg):
                 break
             self._iterate(states, frontier, it)
-        rankings = self._rank(run, states, depth, cfg)
+        rankings = self._rank(run, states, depth, cfg, gcfg)
         out = []
         for st, ranking in zip(states, rankings, strict=True):
             entities = [SubgraphEntity(e.name, int(snap.entity_ids[e.idx]) if e.idx >= 0 else None,
                                        e.relevance, e.hop, e.via) for e in st.entities.values()]
-            out.append(Expansion(st.question, list(st.facts.values()), entities, ranking, trace=st.trace))
+            out.append(Expansion(st.question, list(st.facts.values()), entities, ranking, trace=st.trace,
+                                 path_queries=st.path_queries))
         if persist:
             self._persist(out)
         return out
@@ -315,16 +296,19 @@ class Expander:
                 for row, s in zip(rows.tolist(), scores[q].tolist(), strict=True):
                     if row >= 0:
                         per_q[q].append(self._stored(row, RETRIEVAL, relevance=float(s)))
-        indptr, frows = entity_facts(snap)
+        indptr, frows = snap.entity_facts
         for q, f in enumerate(frontier):
             for idx in f:
+                if indptr[idx + 1] - indptr[idx] > HUB_FACTS:
+                    traces[q].setdefault("hubs_skipped", []).append(self._name(idx))
+                    continue
                 for row in frows[indptr[idx]: indptr[idx + 1]].tolist():
                     per_q[q].append(self._stored(int(row), GRAPH, via=idx))
         if self._can_propose(ecfg):
             self._propose(states, per_q, traces)
         self._score(per_q)
-        chosen = self._select(states, per_q, frontier, traces)
-        verdicts = self._verify(states, chosen, traces)
+        chosen = self._select(states, per_q, traces)
+        verdicts = self._verify(chosen)
         for q, st in enumerate(states):
             self._admit(st, verdicts[q], it, traces[q])
             st.trace.append(traces[q])
@@ -359,7 +343,7 @@ class Expander:
                 elif np.isnan(c.relevance):
                     c.relevance = 0.0
 
-    def _select(self, states: list[_State], per_q: list[list[_Candidate]], frontier: list[list[int]],
+    def _select(self, states: list[_State], per_q: list[list[_Candidate]],
                 traces: list[dict[str, Any]]) -> list[list[_Candidate]]:
         """Per question the candidates to check: new to the subgraph, relevant enough, at most
         ``facts_per_entity`` per frontier entity and ``retrieval_facts`` from the fact search."""
@@ -392,13 +376,19 @@ class Expander:
         """Ask the model for facts per question (one batch), resolve their entities."""
         ecfg = self._ecfg
         prompt = load_prompt("expand_propose")
-        texts = dict(zip(*self._passage_texts({p for ps in self._retrieved for p in ps[: ecfg.read_passages]}),
-                         strict=True))
+        reading = []
+        for q, st in enumerate(states):  # new facts' passages first, then the best retrieved
+            recent = sorted((f for f in st.facts.values() if f.iteration == len(st.trace) - 1),
+                            key=lambda f: -f.relevance)
+            pool = [p for f in recent for p in f.passage_ids] + self._retrieved[q]
+            reading.append([p for p in dict.fromkeys(pool) if p not in st.shown][: ecfg.read_passages])
+            st.shown.update(reading[-1])
+        texts = dict(zip(*self._passage_texts({p for ps in reading for p in ps}), strict=True))
         batch = []
         for q, st in enumerate(states):
             known = [list(f.triple) for f in sorted(st.facts.values(), key=lambda f: -f.relevance)][:20]
             passages = "\n".join(f"[{i}] {texts[p]}" for i, p in enumerate(
-                [p for p in self._retrieved[q][: ecfg.read_passages] if p in texts], start=1))
+                [p for p in reading[q] if p in texts], start=1))
             batch.append(prompt.render(question=st.question, max_facts=ecfg.max_proposals,
                                        facts=json.dumps({"facts": known}), passages=passages or "(none)"))
         replies = self.client.complete_many(batch, json_mode=True, return_exceptions=True)
@@ -433,6 +423,8 @@ class Expander:
             ns, nr, no = normalize_entity(s), normalize_relation(r), normalize_entity(o)
             rows.append(None if not (ns and nr and no) or ns == no else (ns, nr, no, clean_surface(s), clean_surface(o)))
         ok = [x for x in rows if x is not None]
+        if not ok:
+            return [None] * len(rows)
         unlinked = sorted({n for ns, _, no, _, _ in ok for n in (ns, no) if names.by_name.get(n) is None})
         vecs = self.retriever._embedder().embed([fact_text(ns, nr, no) for ns, nr, no, _, _ in ok] + unlinked)
         fvec, nvec = vecs[: len(ok)], vecs[len(ok):]
@@ -484,8 +476,8 @@ class Expander:
         return out
 
     # ------------------------------------------------------------------ refinement
-    def _verify(self, states: list[_State], chosen: list[list[_Candidate]],
-                traces: list[dict[str, Any]]) -> list[list[tuple[_Candidate, float, tuple[int, ...], str | None]]]:
+    def _verify(self, chosen: list[list[_Candidate]]
+                ) -> list[list[tuple[_Candidate, float, tuple[int, ...], str | None]]]:
         """Per question ``(candidate, support, supporting passage ids, drop reason or None)``."""
         snap, ecfg, store = self._snap, self._ecfg, self.retriever.store
         stored_ids = sorted({c.fact_id for cands in chosen for c in cands if c.fact_id is not None})
@@ -499,13 +491,12 @@ class Expander:
         maybe: dict[int, list[int]] = {}
         for q, cands in enumerate(chosen):
             for c in cands:
-                if c.fact_id is None:
-                    pool: list[int] = []
-                    for i in (c.s_idx, c.o_idx):
-                        if i >= 0:
-                            pool.extend(int(snap.passage_ids[n]) for n in snap.entity_passages(i))
-                    pool.extend(self._retrieved[q])
-                    maybe[id(c)] = list(dict.fromkeys(pool))
+                if c.fact_id is None:  # passages mentioning both ends, then one end, then retrieved
+                    ends = [snap.entity_passages(i) for i in (c.s_idx, c.o_idx) if i >= 0]
+                    both = np.intersect1d(*ends) if len(ends) == 2 else np.zeros(0, np.int64)
+                    one = min(ends, key=len)[:POOL_PASSAGES] if ends else np.zeros(0, np.int64)
+                    pool = [int(snap.passage_ids[n]) for n in np.concatenate([both, one]).tolist()]
+                    maybe[id(c)] = list(dict.fromkeys(pool + self._retrieved[q]))
         need_text = {p for ps in maybe.values() for p in ps}
         pids, texts = self._passage_texts(need_text)
         norm = {p: _norm_text(t) for p, t in zip(pids, texts, strict=True)}
@@ -523,7 +514,7 @@ class Expander:
                         res.append((c, 0.0, (), "no source passage is stored"))
                         continue
                 else:
-                    support_ids = [p for p in maybe[id(c)] if p in norm and self._grounded(c, p, norm[p])]
+                    support_ids = self._grounded(c, [p for p in maybe[id(c)] if p in norm], norm)
                     if not support_ids:
                         res.append((c, 0.0, (), f"no passage mentions both {c.subject!r} and {c.object!r}"))
                         continue
@@ -544,16 +535,18 @@ class Expander:
             self._judge(to_judge, out)
         return out
 
-    def _grounded(self, c: _Candidate, pid: int, text: str) -> bool:
-        """Both ends of ``c`` occur in passage ``pid`` (a stored mention or the name in its text)."""
+    def _grounded(self, c: _Candidate, pids: list[int], norm: dict[int, str]) -> list[int]:
+        """The passages among ``pids`` where both ends of ``c`` occur (a stored mention, or the
+        name in the passage's normalised text)."""
         snap = self._snap
-        node = int(snap.passage_nodes(np.array([pid]))[0])
+        nodes = snap.passage_nodes(np.asarray(pids, np.int64)).tolist()
+        ends = []
         for idx, name, surface in ((c.s_idx, c.subject, c.surfaces[0]), (c.o_idx, c.object, c.surfaces[1])):
-            if idx >= 0 and node >= 0 and node in set(snap.entity_passages(idx).tolist()):
-                continue
-            if not (_mentions(name, text) or _mentions(normalize_entity(surface), text)):
-                return False
-        return True
+            mentioned = set(snap.entity_passages(idx).tolist()) if idx >= 0 else set()
+            ends.append((mentioned, {name, normalize_entity(surface)} - {""}))
+        return [p for p, node in zip(pids, nodes, strict=True)
+                if all(node in mentioned or any(_mentions(n, norm[p]) for n in names)
+                       for mentioned, names in ends)]
 
     def _judge(self, items: list[tuple[int, int, _Candidate, list[int]]],
                out: list[list[tuple[_Candidate, float, tuple[int, ...], str | None]]]) -> None:
@@ -628,57 +621,67 @@ class Expander:
         return ids, [rows[i] for i in ids]
 
     # ------------------------------------------------------------------ ranking
-    def _rank(self, run, states: list[_State], depth: int, cfg: RetrievalConfig) -> list[Ranked]:
-        """PPR seeded like graph mode plus the subgraph (entities by relevance and hop; passages
-        supporting new facts); dense ranking for a question with neither."""
-        snap, ecfg = run.snapshot, cfg.expand
-        count = snap.entity_passage_count
-        reset = reset_matrix(snap, run.seeds)
-        p = snap.n_passages
-        seeded = []
-        for q, st in enumerate(states):
-            extra = False
-            for e in st.entities.values():
-                if e.idx >= 0 and e.via != "question":
-                    w = ecfg.entity_weight * e.relevance * ecfg.hop_decay ** e.hop
-                    reset[q, p + e.idx] += w / max(1, int(count[e.idx]))
-                    extra = extra or w > 0
-            for f in st.facts.values():
-                if f.fact_id is None and f.passage_ids:
-                    node = int(snap.passage_nodes(np.array([f.passage_ids[0]]))[0])
-                    if node >= 0 and f.relevance > 0:
-                        reset[q, node] += ecfg.entity_weight * f.relevance
-                        extra = True
-            if q in run.rows or extra:
-                seeded.append(q)
-        scores = node_scores(snap, reset[seeded], cfg.graph) if seeded else np.zeros((0, snap.n_nodes))
-        row_of = {q: i for i, q in enumerate(seeded)}
-        dense = None
+    @staticmethod
+    def _paths(st: _State, n: int) -> list[SubgraphFact]:
+        """Up to ``n`` verified facts leading from a question entity to a new one (distinct new
+        ends), most relevant first."""
+        asked = {e.name for e in st.entities.values() if e.via == "question"}
+        out: list[SubgraphFact] = []
+        ends: set[str] = set()
+        for f in sorted(st.facts.values(), key=lambda f: (-f.relevance, f.triple)):
+            if len(out) >= n:
+                break
+            if (f.subject in asked) == (f.object in asked):
+                continue
+            end = f.object if f.subject in asked else f.subject
+            if end not in ends:
+                ends.add(end)
+                out.append(f)
+        return out
+
+    def _rank(self, run, states: list[_State], depth: int, cfg: RetrievalConfig,
+              gcfg: RetrievalConfig) -> list[Ranked]:
+        """The question's graph ranking fused by reciprocal rank with its path queries' graph
+        rankings (one more batched graph run); each passage's ``why`` names the subgraph facts
+        it supports."""
+        ecfg, r = cfg.expand, self.retriever
+        deep = max(depth, cfg.fusion_depth)
+        base = r.rank_run(run, deep, gcfg.graph)
+        paths = [self._paths(st, ecfg.path_queries) if ecfg.path_weight > 0 else [] for st in states]
+        queries = [(q, f"{st.question} {fact_text(*f.triple)}")
+                   for q, (st, fs) in enumerate(zip(states, paths, strict=True)) for f in fs]
+        extra: list[list[Ranked]] = [[] for _ in states]
+        if queries:  # the path fact is in the query: no LLM fact filter for these
+            pcfg = replace(gcfg, graph=replace(gcfg.graph, fact_filter=False))
+            prun = r.graph_run([text for _, text in queries], pcfg)
+            for (q, _), ranked in zip(queries, r.rank_run(prun, deep, pcfg.graph), strict=True):
+                extra[q].append(ranked)
         out: list[Ranked] = []
         for q, st in enumerate(states):
+            st.path_queries = [text for i, text in queries if i == q]
             supports: dict[int, list[list[str]]] = {}
             for f in st.facts.values():
                 for pid in f.passage_ids:
                     supports.setdefault(pid, []).append(list(f.triple))
-            if q not in row_of:
-                if dense is None:
-                    dense = dense_rankings(self.retriever.vectors, run.qvec, depth)
-                out.append([(pid, s, {"mode": "expand", "fallback": "no subgraph: dense ranking",
-                                      "cosine": round(s, 6), "supports": supports.get(pid, [])})
-                            for pid, s, _ in dense[q]])
-                continue
-            top = top_passages(scores[row_of[q], :p], depth)
-            out.append([(int(snap.passage_ids[n]), s,
-                         {"mode": "expand", "ppr": s, "supports": supports.get(int(snap.passage_ids[n]), [])})
-                        for n, s in top])
+            fused: dict[int, float] = {}
+            ranks: dict[int, dict[str, int]] = {}
+            lists = [("question", 1.0, base[q])] + [
+                (f"path {i}", ecfg.path_weight / len(extra[q]), ranked)
+                for i, ranked in enumerate(extra[q], start=1)]
+            for name, weight, ranked in lists:
+                for rank, (pid, _, _) in enumerate(ranked, start=1):
+                    fused[pid] = fused.get(pid, 0.0) + weight / (cfg.rrf_k + rank)
+                    ranks.setdefault(pid, {})[name] = rank
+            best = sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:depth]
+            note = {"fallback": base[q][0][2]["fallback"]} if base[q] and "fallback" in base[q][0][2] else {}
+            out.append([(pid, s, {"mode": "expand", "rrf": round(s, 8), "ranks": ranks[pid], **note,
+                                  "supports": supports.get(pid, [])}) for pid, s in best])
         return out
 
     # ------------------------------------------------------------------ persisting
     def _persist(self, expansions: list[Expansion]) -> None:
-        """Write verified new facts (and new entity names, with mentions in their supporting
-        passages) in one transaction; the generation bump refreshes every derived view."""
-        r = self.retriever
-        store, vectors = r.store, r.vectors
+        """Write verified new facts (proposed, not stored yet) with their supporting passages as
+        provenance; each expansion records how many of its facts were written."""
         new: dict[Key, tuple[int, SubgraphFact]] = {}
         for q, e in enumerate(expansions):
             for f in e.facts:
@@ -686,104 +689,13 @@ class Expander:
                     new[f.triple] = (q, f)
         if not new:
             return
-        facts = [f for _, f in new.values()]
         model = self.client.model if self.client is not None else "none"
-        extractor = f"expand:{model}"
-        with store.transaction():
-            names = sorted({n for f in facts for n in (f.subject, f.object)})
-            ids = dict((name, int(i)) for i, name in store.con.execute(
-                "SELECT id, name FROM entities WHERE name IN (SELECT unnest(?::VARCHAR[]))", [names]).fetchall())
-            new_names = [n for n in names if n not in ids]
-            existing = self._stored_keys(store, facts, ids)  # stored meanwhile (batch, earlier call)
-            vecs = r._embedder().embed([fact_text(*f.triple) for f in facts] + new_names)
-            fvecs, nvecs = vecs[: len(facts)], vecs[len(facts):]
-            new_ids = store.allocate_ids("entity", len(new_names))
-            ids.update(zip(new_names, new_ids.tolist(), strict=True))
-            store.insert("entities", {
-                "id": new_ids, "name": pa.array(new_names, pa.string()),
-                "label": pa.array([None] * len(new_names), pa.string()),
-                "surface_forms": pa.array([[] for _ in new_names], pa.list_(pa.string()))})
-            store.write_vectors("entity", new_ids, nvecs)
-            write = [(f, v) for f, v in zip(facts, fvecs, strict=True)
-                     if (ids[f.subject], f.relation, ids[f.object]) not in existing]
-            fact_ids = store.allocate_ids("fact", len(write))
-            store.insert("facts", {
-                "id": fact_ids,
-                "subject_id": pa.array([ids[f.subject] for f, _ in write], pa.int64()),
-                "relation": pa.array([f.relation for f, _ in write], pa.string()),
-                "object_id": pa.array([ids[f.object] for f, _ in write], pa.int64()),
-                "kind": pa.array(["triple"] * len(write), pa.string())})
-            store.write_vectors("fact", fact_ids, np.array([v for _, v in write], np.float32).reshape(
-                len(write), vectors.dimension))
-            assigned = {f.triple: int(i) for (f, _), i in zip(write, fact_ids.tolist(), strict=True)}
-            for f in facts:
-                assigned.setdefault(f.triple, existing.get((ids[f.subject], f.relation, ids[f.object]), -1))
-            store.insert("fact_sources", {
-                "fact_id": pa.array([assigned[f.triple] for f, _ in write for _ in f.passage_ids], pa.int64()),
-                "passage_id": pa.array([p for f, _ in write for p in f.passage_ids], pa.int64()),
-                "extractor": pa.array([extractor] * sum(len(f.passage_ids) for f, _ in write), pa.string())})
-            self._add_mentions(store, write, ids, self._passage_texts)
-            touched = {ids[n] for f, _ in write for n in (f.subject, f.object)}
-            refresh_entities(store, touched)
-            synonyms = IndexConfig.from_dict(store.meta_get("config")).synonyms
-            update_synonyms(store, vectors.indexes["entity"], new_ids, nvecs,
-                            np.zeros(0, np.int64), np.zeros((0, vectors.dimension), np.float32), synonyms)
-            store.bump_generation()
-        vectors.apply(Removed(), added={"entity": (new_ids, nvecs),
-                                        "fact": (fact_ids, np.array([v for _, v in write], np.float32))})
-        logger.info("expand: persisted %d new fact(s), %d new entities", len(write), len(new_names))
-        written = {f.triple for f, _ in write}
+        r = self.retriever
+        done = persist_facts(r.store, r.vectors, r._embedder(),
+                             [LearnedFact(f.subject, f.relation, f.object, tuple(f.passage_ids))
+                              for _, f in new.values()], extractor=f"expand:{model}")
         for q, e in enumerate(expansions):
-            e.persisted = sum(1 for key, (first, _) in new.items() if first == q and key in written)
-            e.facts = [replace(f, fact_id=assigned[f.triple], subject_id=ids[f.subject], object_id=ids[f.object])
-                       if f.triple in assigned else f for f in e.facts]
-
-    @staticmethod
-    def _stored_keys(store, facts: list[SubgraphFact], ids: dict[str, int]) -> dict[tuple[int, str, int], int]:
-        """Fact ids of the triples among ``facts`` that the index already holds."""
-        known = [f for f in facts if f.subject in ids and f.object in ids]
-        if not known:
-            return {}
-        store.con.register("_expand_new", pa.table({
-            "s": pa.array([ids[f.subject] for f in known], pa.int64()),
-            "r": pa.array([f.relation for f in known], pa.string()),
-            "o": pa.array([ids[f.object] for f in known], pa.int64())}))
-        try:
-            rows = store.con.execute(
-                "SELECT f.subject_id, f.relation, f.object_id, f.id FROM facts f JOIN _expand_new k "
-                "ON f.subject_id = k.s AND f.relation = k.r AND f.object_id = k.o").fetchall()
-        finally:
-            store.unregister("_expand_new")
-        return {(int(s), r, int(o)): int(i) for s, r, o, i in rows}
-
-    @staticmethod
-    def _add_mentions(store, write: list[tuple[SubgraphFact, np.ndarray]], ids: dict[str, int],
-                      passage_texts) -> None:
-        """A mention (and mention edge) of each end of a new fact in its supporting passages,
-        where the passage does not mention that entity yet; the surface is the name as the
-        passage writes it."""
-        pairs = {(p, ids[n]): n for f, _ in write for p in f.passage_ids for n in (f.subject, f.object)}
-        if not pairs:
-            return
-        have = {(int(p), int(e)) for p, e in store.con.execute(
-            "SELECT DISTINCT passage_id, entity_id FROM mentions WHERE passage_id IN "
-            "(SELECT unnest(?::BIGINT[]))", [sorted({p for p, _ in pairs})]).fetchall()}
-        add = sorted(k for k in pairs if k not in have)
-        if not add:
-            return
-        text = dict(zip(*passage_texts({p for p, _ in add}), strict=True))
-        surfaces = []
-        for p, e in add:
-            name = pairs[(p, e)]
-            found = re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text.get(p, ""), re.IGNORECASE)
-            surfaces.append(clean_surface(found.group(0)) if found else name)
-        store.insert("mentions", {
-            "passage_id": pa.array([p for p, _ in add], pa.int64()),
-            "entity_id": pa.array([e for _, e in add], pa.int64()),
-            "surface": pa.array(surfaces, pa.string()),
-            "label": pa.array([None] * len(add), pa.string())})
-        store.insert("edges", {
-            "type": pa.array(["mention"] * len(add), pa.string()),
-            "src": pa.array([p for p, _ in add], pa.int64()),
-            "dst": pa.array([e for _, e in add], pa.int64()),
-            "weight": pa.array([1.0] * len(add), pa.float64())})
+            e.persisted = sum(1 for key, (first, _) in new.items() if first == q and key in done.written)
+            e.facts = [replace(f, fact_id=done.fact_ids[f.triple], subject_id=done.entity_ids[f.subject],
+                               object_id=done.entity_ids[f.object])
+                       if f.triple in done.fact_ids else f for f in e.facts]

@@ -54,6 +54,19 @@ class GraphSnapshot:
         """(E,) distinct passages mentioning each entity."""
         return np.diff(self.entity_passage_indptr).astype(np.int32)
 
+    @cached_property
+    def entity_facts(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(indptr, fact rows)``: the stored facts each entity index is subject or object of."""
+        n_f = self.fact_ids.size
+        ents = np.concatenate([self.fact_subject, self.fact_object]).astype(np.int64)
+        rows = np.concatenate([np.arange(n_f), np.arange(n_f)])
+        ok = ents >= 0
+        ents, rows = ents[ok], rows[ok]
+        order = np.argsort(ents, kind="stable")
+        indptr = np.zeros(self.n_entities + 1, np.int64)
+        np.cumsum(np.bincount(ents, minlength=self.n_entities), out=indptr[1:])
+        return indptr, rows[order]
+
     def entity_passages(self, entity: int) -> np.ndarray:
         """Passage nodes that mention entity index ``entity``."""
         lo, hi = int(self.entity_passage_indptr[entity]), int(self.entity_passage_indptr[entity + 1])

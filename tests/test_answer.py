@@ -49,6 +49,14 @@ def test_context_numbers_dedupes_and_lists_facts():
     assert [h.passage_id for h in ctx.cited([2, 9, 2, 1])] == [2, 1]
 
 
+def test_expand_context_lists_the_subgraph_facts(hg):
+    answer = hg.answer(QUESTION, k=3, mode="expand")
+    supported = {tuple(f) for h in answer.hits for f in h.why.get("supports", [])}
+    assert supported, "the expansion's passages support some of its facts"
+    facts = answer.context.split("Facts from the knowledge graph:\n", 1)[1].splitlines()
+    assert {tuple(line[2:].split(" | ")) for line in facts} == supported
+
+
 def test_context_keeps_the_budget():
     long = " ".join(f"word{i}" for i in range(300))
     hits = [_hit(1, "Short", "A short passage."), _hit(2, "Long", long), _hit(3, "Next", "Never reached.")]

@@ -45,13 +45,18 @@ class Context:
 
 
 def _facts(hits: Sequence[Hit]) -> list[str]:
-    """The distinct seed facts graph retrieval recorded in the hits' ``why``."""
+    """The distinct facts retrieval recorded in the hits' ``why``: graph mode's seed facts and
+    the verified subgraph facts each passage supports (expand mode)."""
     seen: dict[tuple[str, str, str], None] = {}
     for hit in hits:
-        for f in hit.why.get("seed_facts", []) if isinstance(hit.why, dict) else []:
+        why = hit.why if isinstance(hit.why, dict) else {}
+        for f in why.get("seed_facts", []):
             key = (str(f.get("subject", "")), str(f.get("relation", "")), str(f.get("object", "")))
             if all(key):
                 seen.setdefault(key, None)
+        for f in why.get("supports", []):
+            if isinstance(f, list | tuple) and len(f) == 3 and all(f):
+                seen.setdefault((str(f[0]), str(f[1]), str(f[2])), None)
     return [f"- {s} | {r} | {o}" for s, r, o in seen]
 
 

@@ -226,3 +226,15 @@ def test_bad_expand_config():
         ExpandConfig(path_weight=-1)
     with pytest.raises(ConfigError, match="max_entities"):
         ExpandConfig(max_entities=0)
+
+
+def test_cli_query_expand_prints_the_subgraph(inline_template, tmp_path):
+    from conftest import run_cli
+
+    db = copy_index(inline_template, tmp_path)
+    text = run_cli("query", "--db", str(db), "--mode", "expand", MULTIHOP, "-k", "3", check=True).stdout
+    assert "fact: (journal of psychotherapy integration; published by; american psychological association)" in text
+    out = json.loads(run_cli("query", "--db", str(db), "--mode", "expand", MULTIHOP, "--persist", "--json",
+                             check=True).stdout)
+    assert out["persisted"] == 0 and out["facts"] and out["trace"]
+    assert {h["doc_id"] for h in out["hits"]} >= {"jpi", "apa"}

@@ -227,7 +227,8 @@ class DecomposeConfig:
     ``noun_chunk_factor`` for plain noun chunks. A step whose best fact and passage cosine stay
     below ``weak_score`` is retried (``max_retries``). The whole question's ranking
     (``question_weight``) and each step's (``step_weight``) are fused by reciprocal rank; with
-    ``coverage_first``, passages in more steps' top ``cover_depth`` come first.
+    ``coverage_first``, passages in more constraints' top ``cover_depth`` come first (after the
+    whole question's ``question_top`` best passages).
     """
 
     decomposer: str = "auto"  # auto | rules | llm
@@ -248,6 +249,7 @@ class DecomposeConfig:
     cover_depth: int = 3
     coverage_first: bool = True
     cover_question: bool = True  # the whole question counts as a constraint for coverage
+    question_top: int = 1  # the whole question's best passages placed first, before coverage
     llm_bridges: bool = True  # with an LLM: bridges are its short answers, weak steps rewritten
 
     def __post_init__(self) -> None:
@@ -256,7 +258,8 @@ class DecomposeConfig:
         for name in ("max_steps", "step_depth", "bridge_passages", "bridge_candidates", "cover_depth",
                      "beam", "read_passages"):
             _check(getattr(self, name) >= 1, f"decompose.{name} must be >= 1, got {getattr(self, name)}")
-        _check(self.max_retries >= 0, "decompose.max_retries must be >= 0")
+        _check(self.max_retries >= 0 and self.question_top >= 0,
+               "decompose.max_retries and question_top must be >= 0")
         _check(min(self.type_boost, self.noun_chunk_factor, self.question_weight, self.step_weight) >= 0,
                "decompose weights must be >= 0")
         _check(-1.0 <= self.weak_score <= 1.0, "decompose.weak_score must be in [-1, 1]")

@@ -98,8 +98,13 @@ def test_chained_bridge_fills_the_next_step(inline_index):
     assert {"jpi", "apa"} <= set(docs[:2])  # both hops on top
     apa = next(h for h in result.hits if h.doc_id == "apa")
     assert 2 in apa.why["constraints"] and apa.why["mode"] == "decompose"
-    # passages covering more constraints come first
-    covers = [len(h.why["constraints"]) for h in result.hits]
+    # the whole question's best passage keeps first place; then more constraints come first
+    assert result.hits[0].passage_id == inline_index.retrieve(MULTIHOP, k=1)[0].passage_id
+    covers = [len(h.why["constraints"]) for h in result.hits[1:]]
+    assert covers == sorted(covers, reverse=True)
+    pure = inline_index.decompose(MULTIHOP, k=5, config=RetrievalConfig(
+        decompose=DecomposeConfig(question_top=0)))
+    covers = [len(h.why["constraints"]) for h in pure.hits]
     assert covers == sorted(covers, reverse=True)
     # retrieve(mode="decompose") is the same ranking
     assert [h.passage_id for h in inline_index.retrieve(MULTIHOP, k=5, mode="decompose")] == \

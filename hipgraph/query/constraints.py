@@ -9,7 +9,8 @@ next bridge candidate or, with none left, an expanded query (the LLM's rewrite w
 at most ``max_retries`` times; the best attempt is kept and every attempt is traced.
 
 The final ranking fuses the whole question's graph ranking and every step's by reciprocal rank;
-passages in the top ``cover_depth`` of more steps come first, then by fused score. Each hit's
+after the whole question's best ``question_top`` passages, passages in the top ``cover_depth`` of
+more constraints (the whole question counts as one) come first, then by fused score. Each hit's
 ``why`` lists the constraints (step numbers) it satisfies.
 """
 
@@ -349,6 +350,9 @@ class ConstraintRunner:
                     covers.setdefault(pid, []).append(number)
         order = sorted(fused, key=lambda pid: (-len(covers.get(pid, [])) if dcfg.coverage_first else 0,
                                                -fused[pid], pid))
+        if dcfg.question_top:  # the whole question's best passages keep the first places
+            head = [pid for pid, _, _ in whole[: dcfg.question_top]]
+            order = head + [pid for pid in order if pid not in head]
         return [(pid, fused[pid], {"mode": "decompose", "rrf": round(fused[pid], 6),
                                    "constraints": covers.get(pid, [])}) for pid in order[:depth]]
 

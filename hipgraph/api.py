@@ -10,6 +10,7 @@ from typing import Any
 from hipgraph import registry
 from hipgraph.config import (
     ChatConfig,
+    ConversationConfig,
     ExtractorConfig,
     GeneratorConfig,
     IndexConfig,
@@ -24,7 +25,7 @@ from hipgraph.query.engine import MODES, Retriever
 from hipgraph.store.database import GraphStore
 from hipgraph.store.llm_cache import DuckDBResponseCache
 from hipgraph.store.vector_set import VectorSet
-from hipgraph.types import Answer, Document, Hit, IndexReport
+from hipgraph.types import Answer, Conversation, Document, Hit, IndexReport
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +150,45 @@ class HipGraph:
             self.store.meta_set("extractor", self.indexer.extractor.name)
         return report
 
+    def add_conversation(self, conversation: Conversation | Mapping[str, Any], *,
+                         config: ConversationConfig | None = None,
+                         progress: Progress | None = None) -> IndexReport:
+        """Remember a conversation: ``{"id", "speakers"?, "sessions": [{"id", "time", "turns":
+        [{"speaker", "text", "id"?, "time"?}]}]}`` or a :class:`Conversation`.
+
+        Each session is stored as the document ``<id>#<session id>``, cut into memory units
+        (topical segments by default; ``config`` overrides the index's
+        :class:`ConversationConfig`); re-adding an unchanged session is a no-op, a new session is
+        added, a changed one replaced. Hits from it carry ``turn_ids``, ``session`` and ``time``.
+        """
+        return self.add_conversations([conversation], config=config, progress=progress)
+
+    def add_conversations(self, conversations: Iterable[Conversation | Mapping[str, Any]], *,
+                          config: ConversationConfig | None = None,
+                          progress: Progress | None = None) -> IndexReport:
+        """:meth:`add_conversation` for many (one segmentation embedding call, batched writes)."""
+        from hipgraph.indexers.conversations import conversation_documents, to_conversation  # noqa: PLC0415
+
+        if self.store.read_only:
+            raise StoreError(f"index {self.path} is open read-only")
+        convs = [to_conversation(c, f"conversations[{i}]") for i, c in enumerate(conversations)]
+        docs = conversation_documents(convs, self.embedder, config or self.config.conversation)
+        return self.add_documents(docs, progress=progress)
+
+    def delete_conversation(self, conversation_id: str, session_ids: Sequence[str] | None = None) -> IndexReport:
+        """Forget a conversation, or only its sessions ``session_ids``: what only they produced
+        (units, facts, entities, edges, vectors) goes; facts other sessions also state stay."""
+        from hipgraph.indexers.conversations import session_key  # noqa: PLC0415
+
+        if session_ids is not None:
+            if isinstance(session_ids, str):
+                raise ConfigError("session_ids takes a list of ids, not one string")
+            keys = [session_key(conversation_id, s) for s in session_ids]
+        else:
+            keys = [k for (k,) in self.store.con.execute(
+                "SELECT key FROM documents WHERE starts_with(key, ?)", [f"{conversation_id}#"]).fetchall()]
+        return self.delete_documents(keys)
+
     def delete_documents(self, ids: Sequence[str]) -> IndexReport:
         """Delete documents with their passages, facts, orphaned entities, edges and vectors."""
         if isinstance(ids, str):
@@ -169,21 +209,29 @@ class HipGraph:
         return self._retriever
 
     def retrieve(self, question: str, k: int = 5, mode: str = "graph",
-                 config: RetrievalConfig | None = None) -> list[Hit]:
+                 config: RetrievalConfig | None = None, question_date: Any = None,
+                 as_of: Any = None) -> list[Hit]:
         """Top-``k`` passages for ``question``; ``mode`` is graph | dense | bm25 | hybrid | decompose |
         expand (:meth:`decompose` and :meth:`expand` return the same hits with their traces).
 
         Each hit's ``why`` says how it was found (graph: seed facts and entities, the strongest
         seed-to-passage path, its PPR mass). ``config`` overrides this session's retrieval settings.
+        Conversation memory: ``question_date`` (datetime or parseable string) resolves time
+        expressions in the question ("last May"), whose units rank first; ``as_of`` shows memory
+        as it stood then (later units are left out).
         """
         if not isinstance(question, str):
             raise ConfigError(f"question must be a string, got {type(question).__name__}")
-        return self.retrieve_many([question], k=k, mode=mode, config=config)[0]
+        return self.retrieve_many([question], k=k, mode=mode, config=config,
+                                  question_dates=None if question_date is None else [question_date],
+                                  as_of=as_of)[0]
 
     def retrieve_many(self, questions: Sequence[str], k: int = 5, mode: str = "graph",
-                      config: RetrievalConfig | None = None) -> list[list[Hit]]:
-        """Top-``k`` passages per question: one embedding call and one batched PPR for all."""
-        return self.retriever.retrieve_many(questions, k, mode, config)
+                      config: RetrievalConfig | None = None, question_dates: Sequence[Any] | None = None,
+                      as_of: Any = None) -> list[list[Hit]]:
+        """Top-``k`` passages per question: one embedding call and one batched PPR for all
+        (``question_dates``: one per question, or None)."""
+        return self.retriever.retrieve_many(questions, k, mode, config, question_dates, as_of)
 
     def decompose(self, question: str, k: int = 5, config: RetrievalConfig | None = None):
         """Decomposed constraint retrieval for one question: a

@@ -320,6 +320,10 @@ class RetrievalConfig:
     rrf_k: int = 60  # hybrid: reciprocal-rank fusion constant
     hybrid_modes: tuple[str, ...] = ("graph", "dense", "bm25")
     fusion_depth: int = 100  # ranks each hybrid component contributes
+    # conversation memory: time expressions move units of the asked-about time ahead (boost),
+    # keep only them (filter) or are ignored (off); ranked over this many candidates
+    time_mode: str = "boost"
+    memory_candidates: int = 50
     decompose: DecomposeConfig = field(default_factory=DecomposeConfig)
     expand: ExpandConfig = field(default_factory=ExpandConfig)
     llm: ChatConfig | None = None  # for the graph mode's fact filter; None = no LLM calls
@@ -327,6 +331,9 @@ class RetrievalConfig:
     def __post_init__(self) -> None:
         _check(self.bm25_k1 > 0 and 0 <= self.bm25_b <= 1, "bm25_k1 must be > 0 and bm25_b in [0, 1]")
         _check(self.rrf_k >= 1 and self.fusion_depth >= 1, "rrf_k and fusion_depth must be >= 1")
+        _check(self.time_mode in {"boost", "filter", "off"},
+               f"time_mode must be boost|filter|off, got {self.time_mode!r}")
+        _check(self.memory_candidates >= 1, "memory_candidates must be >= 1")
         _check(bool(self.hybrid_modes) and set(self.hybrid_modes) <= {"graph", "dense", "bm25"},
                f"hybrid_modes must be a non-empty subset of graph, dense, bm25: {self.hybrid_modes}")
 
@@ -364,6 +371,39 @@ class GeneratorConfig:
 
 
 @dataclass(frozen=True)
+class ConversationConfig:
+    """How conversations become memory units (see :mod:`hipgraph.indexers.segmentation`).
+
+    ``granularity``: ``segment`` (topical segments, the default), ``turn`` or ``session``.
+    Segments: each gap between turns gets the cosine of the mean embeddings of the ``window``
+    turns before and after it; its depth is how far that similarity dips below the nearest peaks
+    on both sides (TextTiling). A gap is a boundary when its depth is at least the session's mean
+    depth + ``depth_std`` standard deviations, and at least ``min_depth``; no segment is shorter
+    than ``min_turns`` turns, and one longer than ``max_turns`` is cut at its deepest gap.
+    ``time_in_key`` puts the session date in each unit's title, which is embedded with its text
+    (time-aware keys). With an LLM configured for indexing and ``llm_segments``, the model
+    places the boundaries instead.
+    """
+
+    granularity: str = "segment"
+    window: int = 2
+    depth_std: float = 0.0
+    min_depth: float = 0.05
+    min_turns: int = 2
+    max_turns: int = 8
+    time_in_key: bool = True
+    llm_segments: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.granularity in {"segment", "turn", "session"},
+               f"conversation.granularity must be segment|turn|session, got {self.granularity!r}")
+        _check(self.window >= 1, "conversation.window must be >= 1")
+        _check(1 <= self.min_turns <= self.max_turns,
+               "conversation.min_turns must be >= 1 and <= max_turns")
+        _check(self.min_depth >= 0, "conversation.min_depth must be >= 0")
+
+
+@dataclass(frozen=True)
 class IndexConfig:
     """Everything an index is built with; saved in the index and restored on open."""
 
@@ -372,6 +412,7 @@ class IndexConfig:
     extractor: ExtractorConfig = field(default_factory=ExtractorConfig)
     synonyms: SynonymConfig = field(default_factory=SynonymConfig)
     vectors: VectorIndexConfig = field(default_factory=VectorIndexConfig)
+    conversation: ConversationConfig = field(default_factory=ConversationConfig)
     batch_size: int = 256  # documents per committed batch
 
     def __post_init__(self) -> None:
@@ -417,5 +458,6 @@ _NESTED: dict[tuple[str, str], type] = {
     ("IndexConfig", "extractor"): ExtractorConfig,
     ("IndexConfig", "synonyms"): SynonymConfig,
     ("IndexConfig", "vectors"): VectorIndexConfig,
+    ("IndexConfig", "conversation"): ConversationConfig,
     ("ExtractorConfig", "chat"): ChatConfig,
 }

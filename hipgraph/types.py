@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 
@@ -14,6 +15,34 @@ class Document:
     text: str
     title: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One utterance of a conversation; ``time`` defaults to its session's."""
+
+    id: str
+    speaker: str
+    text: str
+    time: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Session:
+    """A sitting of a conversation: its turns in order, at ``time`` (None when unknown)."""
+
+    id: str
+    turns: tuple[Turn, ...]
+    time: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A conversation (chat history) to remember: sessions in order, its speakers."""
+
+    id: str
+    sessions: tuple[Session, ...]
+    speakers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,10 +140,20 @@ class Hit:
     score: float
     rank: int
     why: dict[str, Any] = field(default_factory=dict)
+    # conversation memory: the turns the unit covers, its conversation, session and time span
+    turn_ids: tuple[str, ...] = ()
+    conversation: str = ""
+    session: str = ""
+    time: str = ""  # ISO 8601 start of the unit ("" outside conversations)
+    time_end: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"doc_id": self.doc_id, "passage_id": self.passage_id, "title": self.title,
-                "text": self.text, "score": self.score, "rank": self.rank, "why": self.why}
+        out = {"doc_id": self.doc_id, "passage_id": self.passage_id, "title": self.title,
+               "text": self.text, "score": self.score, "rank": self.rank, "why": self.why}
+        if self.turn_ids:
+            out.update({"turn_ids": list(self.turn_ids), "conversation": self.conversation,
+                        "session": self.session, "time": self.time, "time_end": self.time_end})
+        return out
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from hipgraph.config import ChunkConfig
+from hipgraph.indexers.conversations import SESSION_KIND
 from hipgraph.types import Chunk, Document
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -16,8 +17,12 @@ def chunk_document(doc: Document, config: ChunkConfig) -> list[Chunk]:
 
     A window that would end mid-sentence is pulled back to the last sentence end in its second
     half, so passages mostly hold whole sentences. Short documents give one chunk (the whole text).
+    A conversation session's document is cut at its memory units (character spans in its metadata).
     """
     text = doc.text
+    units = doc.metadata.get("units") if doc.metadata.get("kind") == SESSION_KIND else None
+    if units:
+        return [Chunk(doc.id, i, text[s:e], s, e, doc.title) for i, (s, e) in enumerate(units)]
     spans = [(m.start(), m.end()) for m in _TOKEN.finditer(text)]
     if len(spans) <= config.max_tokens:
         start, end = _strip_span(text, 0, len(text))

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hipgraph.config import ChatConfig, GraphRetrievalConfig, RetrievalConfig
 from hipgraph.errors import ConfigError
+from hipgraph.indexers.conversations import SESSION_KIND, unit_times
 from hipgraph.models.base import Embedder
 from hipgraph.models.chat import ChatClient
 from hipgraph.query.dense import dense_rankings
@@ -33,9 +36,11 @@ from hipgraph.query.graph import (
 )
 from hipgraph.query.hits import Ranked, to_hits
 from hipgraph.query.linking import EntityNames, QuestionSpans
+from hipgraph.query.memory import apply_time, parse_question_dates
 from hipgraph.query.snapshot import GraphSnapshot, current_snapshot
 from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
+from hipgraph.temporal import parse_time, resolve_range
 from hipgraph.types import Hit
 
 if TYPE_CHECKING:
@@ -118,6 +123,7 @@ class Retriever:
         self._spans = QuestionSpans(spacy_model)
         self._spacy_model = spacy_model
         self._rule_decomposer = None
+        self._times: tuple[int, dict[int, tuple[datetime, datetime]]] | None = None
         self._snapshot: GraphSnapshot | None = None
         self._names: EntityNames | None = None
         self._bm25: Any = None
@@ -170,14 +176,38 @@ class Retriever:
         self._filter = None  # its client belongs to whoever made it (the HipGraph)
 
     def retrieve_many(self, questions: Sequence[str], k: int, mode: str,
-                      config: RetrievalConfig | None = None) -> list[list[Hit]]:
+                      config: RetrievalConfig | None = None, question_dates: Sequence[Any] | None = None,
+                      as_of: Any = None) -> list[list[Hit]]:
         validate_request(questions, k, mode)
         questions = list(questions)
         if not questions:
             return []
+        cfg = config or self.config
+        dates = parse_question_dates(question_dates, len(questions), parse_time)
+        as_of_t = parse_time(as_of, where="as_of") if as_of is not None else None
         with _blas_threads(1):
-            rankings = self.rank(questions, k, mode, config or self.config)
+            times = self._unit_times()
+            depth = max(k, cfg.memory_candidates) if times else k
+            rankings = self.rank(questions, depth, mode, cfg)
+            if times:  # conversation memory: time expressions and as_of
+                rankings = [apply_time(r, times, resolve_range(q, d or as_of_t), as_of_t, cfg.time_mode)
+                            for r, q, d in zip(rankings, questions, dates, strict=True)]
             return to_hits(self.store, rankings, k)
+
+    def _unit_times(self) -> dict[int, tuple[datetime, datetime]]:
+        """Time span of every conversation memory unit (read once per index generation)."""
+        if self._times is None or self._times[0] != self.store.generation:
+            rows = self.store.con.execute("""
+                SELECT p.id, p.start_char, p.end_char, d.metadata FROM passages p
+                JOIN documents d ON d.id = p.doc_id
+                WHERE json_extract_string(d.metadata, '$.kind') = ?""", [SESSION_KIND]).fetchall()
+            times: dict[int, tuple[datetime, datetime]] = {}
+            for pid, start, end, raw in rows:
+                lo, hi = unit_times(json.loads(raw) if isinstance(raw, str) else raw, start, end)
+                if lo:
+                    times[int(pid)] = (datetime.fromisoformat(lo), datetime.fromisoformat(hi))
+            self._times = (self.store.generation, times)
+        return self._times[1]
 
     def rank(self, questions: list[str], depth: int, mode: str, cfg: RetrievalConfig,
              qvec: np.ndarray | None = None) -> list[Ranked]:

@@ -1,0 +1,315 @@
+"""Conversations as memory: validated records, file formats, and the documents they are stored as.
+
+A conversation is stored as one document per session (key ``<conversation>#<session>``), so
+adding a session is adding a document and deleting one removes exactly what only it produced. The
+document's text is its turns as ``Speaker: text`` lines; its chunks are the memory units
+(topical segments, turns or the whole session), given as character spans in the metadata, which
+also keeps every turn's id, speaker, time and span, so a hit can name the turns it covers.
+
+Formats (``read_conversation_file``):
+
+- ``conversation``: hipgraph's own, ``{"id", "speakers"?, "sessions": [{"id", "time", "turns":
+  [{"speaker", "text", "id"?, "time"?}]}]}``, one object, a list of them, or JSONL;
+- ``locomo``: LoCoMo (snap-research) as released (``conversation.session_N`` /
+  ``session_N_date_time``, ``qa``) or as flattened in the shared data (``conversations: [{"id",
+  "speakers", "turns": [{"dia_id", "session", "session_date_time", ...}], "questions"}]``);
+- ``longmemeval``: LongMemEval instances (``haystack_sessions``, ``haystack_session_ids``,
+  ``haystack_dates``, ``question``, ``question_date``), one conversation per instance.
+
+Each reader also returns the file's questions (for ``hipgraph eval``) as dicts with ``id``,
+``question``, ``answer``, ``category``, ``evidence`` (turn ids), ``conversation`` and
+``question_date``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hipgraph.errors import InputError
+from hipgraph.indexers.readers import read_json_file
+from hipgraph.temporal import parse_time
+from hipgraph.types import Conversation, Document, Session, Turn
+
+SESSION_KIND = "conversation_session"
+FORMATS = ("conversation", "locomo", "longmemeval")
+_LOCOMO_CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+
+
+def session_key(conversation_id: str, session_id: str) -> str:
+    return f"{conversation_id}#{session_id}"
+
+
+# ------------------------------------------------------------------ validation
+def _text(value: Any, where: str, field: str, *, required: bool = True) -> str:
+    if value is None and not required:
+        return ""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise InputError(f"{where}: field {field!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+def to_conversation(record: Conversation | Mapping[str, Any], where: str = "conversation") -> Conversation:
+    """Validate a conversation in hipgraph's format; InputError naming the record and field."""
+    if isinstance(record, Conversation):
+        return _check_unique(record, where)
+    if not isinstance(record, Mapping):
+        raise InputError(f"{where}: expected an object, got {type(record).__name__}")
+    cid = _text(record.get("id"), where, "id")
+    speakers = record.get("speakers") or []
+    if not isinstance(speakers, list) or not all(isinstance(s, str) for s in speakers):
+        raise InputError(f"{where}: field 'speakers' must be a list of strings")
+    raw_sessions = record.get("sessions")
+    if not isinstance(raw_sessions, list) or not raw_sessions:
+        raise InputError(f"{where}: field 'sessions' must be a non-empty list")
+    sessions = []
+    for i, raw in enumerate(raw_sessions):
+        w = f"{where}.sessions[{i}]"
+        if not isinstance(raw, Mapping):
+            raise InputError(f"{w}: expected an object, got {type(raw).__name__}")
+        sid = _text(raw.get("id", i + 1), w, "id")
+        time = parse_time(raw["time"], where=f"{w}.time") if raw.get("time") is not None else None
+        turns_raw = raw.get("turns")
+        if not isinstance(turns_raw, list) or not turns_raw:
+            raise InputError(f"{w}: field 'turns' must be a non-empty list")
+        turns = []
+        for j, t in enumerate(turns_raw):
+            tw = f"{w}.turns[{j}]"
+            if not isinstance(t, Mapping):
+                raise InputError(f"{tw}: expected an object, got {type(t).__name__}")
+            turns.append(Turn(id=_text(t.get("id", f"{sid}:{j + 1}"), tw, "id"),
+                              speaker=_text(t.get("speaker"), tw, "speaker"),
+                              text=_text(t.get("text"), tw, "text"),
+                              time=parse_time(t["time"], where=f"{tw}.time") if t.get("time") is not None
+                              else None))
+        sessions.append(Session(sid, tuple(turns), time))
+    return _check_unique(Conversation(cid, tuple(sessions), tuple(speakers)), where)
+
+
+def _check_unique(conv: Conversation, where: str) -> Conversation:
+    seen_s: set[str] = set()
+    seen_t: set[str] = set()
+    for s in conv.sessions:
+        if s.id in seen_s:
+            raise InputError(f"{where}: session id {s.id!r} appears twice")
+        seen_s.add(s.id)
+        for t in s.turns:
+            if t.id in seen_t:
+                raise InputError(f"{where}: turn id {t.id!r} appears twice")
+            seen_t.add(t.id)
+    if "#" in conv.id:
+        raise InputError(f"{where}: conversation id {conv.id!r} must not contain '#'")
+    return conv
+
+
+# ------------------------------------------------------------------ file formats
+def read_conversation_file(path: Path, fmt: str) -> tuple[list[Conversation], list[dict[str, Any]]]:
+    """Conversations and questions of ``path`` in format ``fmt`` (see module docstring)."""
+    if fmt not in FORMATS:
+        raise InputError(f"unknown conversation format {fmt!r}; available: {', '.join(FORMATS)}")
+    path = Path(path)
+    if fmt == "conversation" and path.suffix == ".jsonl":
+        records = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except ValueError as exc:
+                    raise InputError(f"{path}:{n}: malformed JSON: {exc}") from exc
+        return [to_conversation(r, f"{path}:{n}") for n, r in enumerate(records, start=1)], []
+    data = read_json_file(path)
+    if fmt == "conversation":
+        items = data if isinstance(data, list) else [data]
+        return [to_conversation(r, f"{path}: [{i}]") for i, r in enumerate(items)], []
+    if fmt == "locomo":
+        return _read_locomo(data, str(path))
+    return _read_longmemeval(data, str(path))
+
+
+def _read_locomo(data: Any, where: str) -> tuple[list[Conversation], list[dict[str, Any]]]:
+    if isinstance(data, Mapping) and isinstance(data.get("conversations"), list):
+        items, flat = data["conversations"], True
+        names = {int(k): v.split(" ")[0].strip("(;") for k, v in (data.get("category_names") or {}).items()}
+    elif isinstance(data, list):
+        items, flat, names = data, False, {}
+    else:
+        raise InputError(f"{where}: expected a LoCoMo list or an object with 'conversations'")
+    categories = {**_LOCOMO_CATEGORIES, **names}
+    convs, questions = [], []
+    for i, item in enumerate(items):
+        w = f"{where}: conversations[{i}]" if flat else f"{where}: [{i}]"
+        if not isinstance(item, Mapping):
+            raise InputError(f"{w}: expected an object")
+        conv = _locomo_flat(item, w) if flat else _locomo_original(item, w)
+        convs.append(conv)
+        last = max((s.time for s in conv.sessions if s.time is not None), default=None)
+        raw_qs = item.get("questions" if flat else "qa") or []
+        if not isinstance(raw_qs, list):
+            raise InputError(f"{w}: field {'questions' if flat else 'qa'!r} must be a list")
+        for j, q in enumerate(raw_qs):
+            qw = f"{w}.{'questions' if flat else 'qa'}[{j}]"
+            if not isinstance(q, Mapping):
+                raise InputError(f"{qw}: expected an object")
+            evidence = q.get("evidence_dia_ids", q.get("evidence")) or []
+            if not isinstance(evidence, list):
+                raise InputError(f"{qw}: field 'evidence' must be a list of turn ids")
+            cat = q.get("category")
+            answer = q.get("answer", q.get("adversarial_answer"))
+            questions.append({
+                "id": f"{conv.id}:q{j + 1}", "question": _text(q.get("question"), qw, "question"),
+                "answer": "" if answer is None else str(answer),
+                "category": categories.get(cat, str(cat)) if isinstance(cat, int) else str(cat or ""),
+                "evidence": [str(e) for e in evidence if isinstance(e, str)],
+                "conversation": conv.id, "question_date": last.isoformat() if last else None})
+    return convs, questions
+
+
+def _caption(turn: Mapping[str, Any]) -> str:
+    caption = turn.get("blip_caption")
+    return f" [shares an image: {caption}]" if isinstance(caption, str) and caption.strip() else ""
+
+
+def _locomo_flat(item: Mapping[str, Any], w: str) -> Conversation:
+    turns = item.get("turns")
+    if not isinstance(turns, list) or not turns:
+        raise InputError(f"{w}: field 'turns' must be a non-empty list")
+    sessions: dict[str, dict[str, Any]] = {}
+    for j, t in enumerate(turns):
+        tw = f"{w}.turns[{j}]"
+        if not isinstance(t, Mapping):
+            raise InputError(f"{tw}: expected an object")
+        sid = _text(t.get("session"), tw, "session")
+        s = sessions.setdefault(sid, {"id": sid, "time": t.get("session_date_time"), "turns": []})
+        s["turns"].append({"id": _text(t.get("dia_id"), tw, "dia_id"), "speaker": t.get("speaker"),
+                           "text": _text(t.get("text"), tw, "text") + _caption(t)})
+    record = {"id": _text(item.get("id"), w, "id"), "speakers": item.get("speakers") or [],
+              "sessions": list(sessions.values())}
+    return to_conversation(record, w)
+
+
+def _locomo_original(item: Mapping[str, Any], w: str) -> Conversation:
+    conv = item.get("conversation")
+    if not isinstance(conv, Mapping):
+        raise InputError(f"{w}: field 'conversation' must be an object")
+    numbers = sorted(int(m.group(1)) for k in conv if (m := re.fullmatch(r"session_(\d+)", k)))
+    sessions = []
+    for n in numbers:
+        turns = conv[f"session_{n}"]
+        if not isinstance(turns, list):
+            raise InputError(f"{w}.conversation.session_{n}: expected a list of turns")
+        sessions.append({"id": str(n), "time": conv.get(f"session_{n}_date_time"),
+                         "turns": [{"id": t.get("dia_id"), "speaker": t.get("speaker"),
+                                    "text": (t.get("text") or "") + _caption(t)}
+                                   if isinstance(t, Mapping) else t for t in turns]})
+    speakers = [s for s in (conv.get("speaker_a"), conv.get("speaker_b")) if isinstance(s, str)]
+    return to_conversation({"id": item.get("sample_id", item.get("id")), "speakers": speakers,
+                            "sessions": sessions}, w)
+
+
+def _read_longmemeval(data: Any, where: str) -> tuple[list[Conversation], list[dict[str, Any]]]:
+    items = data if isinstance(data, list) else [data]
+    convs, questions = [], []
+    for i, item in enumerate(items):
+        w = f"{where}: [{i}]"
+        if not isinstance(item, Mapping):
+            raise InputError(f"{w}: expected an object")
+        qid = _text(item.get("question_id"), w, "question_id")
+        hs, ids, dates = (item.get("haystack_sessions"), item.get("haystack_session_ids"),
+                          item.get("haystack_dates"))
+        if not isinstance(hs, list) or not isinstance(ids, list) or not isinstance(dates, list) \
+                or not len(hs) == len(ids) == len(dates):
+            raise InputError(f"{w}: 'haystack_sessions', 'haystack_session_ids' and 'haystack_dates' "
+                             "must be lists of the same length")
+        sessions, evidence = [], []
+        for j, (sid, date, turns) in enumerate(zip(ids, dates, hs, strict=True)):
+            if not isinstance(turns, list):
+                raise InputError(f"{w}.haystack_sessions[{j}]: expected a list of turns")
+            rows = []
+            for k, t in enumerate(turns):
+                if not isinstance(t, Mapping):
+                    raise InputError(f"{w}.haystack_sessions[{j}][{k}]: expected an object")
+                tid = f"{sid}:{k + 1}"
+                rows.append({"id": tid, "speaker": t.get("role"), "text": t.get("content")})
+                if t.get("has_answer"):
+                    evidence.append(tid)
+            sessions.append({"id": str(sid), "time": date, "turns": rows})
+        convs.append(to_conversation({"id": qid, "speakers": ["user", "assistant"], "sessions": sessions}, w))
+        answer_sessions = {str(s) for s in item.get("answer_session_ids") or []}
+        if not evidence:  # session-level evidence: every turn of the answer sessions
+            evidence = [t.id for s in convs[-1].sessions if s.id in answer_sessions for t in s.turns]
+        qdate = item.get("question_date")
+        questions.append({"id": qid, "question": _text(item.get("question"), w, "question"),
+                          "answer": str(item.get("answer", "")), "category": str(item.get("question_type", "")),
+                          "evidence": evidence, "conversation": qid,
+                          "question_date": parse_time(qdate, where=f"{w}.question_date").isoformat()
+                          if qdate else None})
+    return convs, questions
+
+
+# ------------------------------------------------------------------ stored form
+def session_text(session: Session) -> tuple[str, list[tuple[int, int]]]:
+    """The session's ``Speaker: text`` lines and each turn's character span in them."""
+    parts, spans, pos = [], [], 0
+    for t in session.turns:
+        line = f"{t.speaker}: {' '.join(t.text.split())}"
+        spans.append((pos, pos + len(line)))
+        parts.append(line)
+        pos += len(line) + 1
+    return "\n".join(parts), spans
+
+
+def session_document(conv: Conversation, session: Session, units: Sequence[tuple[int, int]],
+                     granularity: str, time_in_key: bool) -> Document:
+    """The stored document of one session; ``units`` are turn ranges ``[start, end)``."""
+    text, spans = session_text(session)
+    title = session.time.strftime("%-d %B %Y") if (time_in_key and session.time) else ""
+    metadata = {
+        "kind": SESSION_KIND, "conversation": conv.id, "session": session.id,
+        "time": session.time.isoformat() if session.time else None,
+        "speakers": list(conv.speakers), "granularity": granularity,
+        "turns": [[t.id, t.speaker, s, e, t.time.isoformat() if t.time else None]
+                  for t, (s, e) in zip(session.turns, spans, strict=True)],
+        "units": [[spans[a][0], spans[b - 1][1]] for a, b in units],
+    }
+    return Document(session_key(conv.id, session.id), text, title, metadata)
+
+
+def unit_turns(metadata: Mapping[str, Any], start: int, end: int) -> list[str]:
+    """Ids of the turns whose lines overlap the character span ``[start, end)``."""
+    return [t[0] for t in metadata.get("turns", []) if t[2] < end and t[3] > start]
+
+
+def unit_times(metadata: Mapping[str, Any], start: int, end: int) -> tuple[str, str]:
+    """ISO start and end time of a unit: its turns' own times, else the session's."""
+    session = metadata.get("time") or ""
+    times = [t[4] or session for t in metadata.get("turns", []) if t[2] < end and t[3] > start]
+    times = [t for t in times if t]
+    return (min(times), max(times)) if times else (session, session)
+
+
+def conversation_documents(conversations: Sequence[Conversation], embedder, cfg) -> list[Document]:
+    """The session documents of ``conversations``, cut into memory units per ``cfg``
+    (:class:`~hipgraph.config.ConversationConfig`); segment boundaries come from one embedding
+    call over every turn of every session."""
+    from hipgraph.indexers.segmentation import segment  # noqa: PLC0415
+
+    sessions = [(c, s) for c in conversations for s in c.sessions]
+    vectors = None
+    if cfg.granularity == "segment":
+        lines = [f"{t.speaker}: {t.text}" for _, s in sessions for t in s.turns]
+        vectors = embedder.embed(lines) if lines else None
+    docs, pos = [], 0
+    for conv, session in sessions:
+        n = len(session.turns)
+        if vectors is not None:
+            units = segment(vectors[pos: pos + n], cfg)
+        else:
+            units = [(i, i + 1) for i in range(n)] if cfg.granularity == "turn" else [(0, n)]
+        pos += n
+        docs.append(session_document(conv, session, units, cfg.granularity, cfg.time_in_key))
+    return docs

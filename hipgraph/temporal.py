@@ -1,0 +1,195 @@
+"""Times for conversation memory: parsing stored times and resolving time expressions in questions.
+
+:func:`parse_time` reads a point in time from a value as conversation files write it
+("1:56 pm on 8 May, 2023", "2023/05/20 (Sat) 02:21", ISO 8601, a ``datetime``). Times are naive
+(no time zone): conversations state local times, and comparisons stay within one conversation.
+
+:func:`resolve_range` finds time expressions in a question and resolves them against the question
+date into a half-open range ``[start, end)``: "yesterday", "last week/month/year", "this month",
+"N days/weeks/months/years ago", "last May", "in May 2023", "in 2023", "on 8 May 2023", "since
+2022", "before June 2023". Expressions relative to events ("two weeks before the trip") have no
+fixed date and resolve to nothing; retrieval then ranks by content alone.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+
+from hipgraph.errors import InputError
+
+_MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
+_MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name})
+_MONTH_RE = "|".join(sorted((m for m in _MONTHS if len(m) > 2), key=len, reverse=True))
+_NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
+            "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "couple of": 2,
+            "few": 3}
+_NUM_RE = r"\d+|a|an|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|a couple of|a few"
+_UNIT_RE = r"day|week|month|year"
+_WEEKDAY = re.compile(r"\((mon|tue|wed|thu|fri|sat|sun)[a-z]*\)", re.IGNORECASE)
+_EARLIEST = datetime(1, 1, 1)
+_LATEST = datetime(9999, 12, 31)
+
+
+def parse_time(value: object, *, where: str = "time") -> datetime:
+    """A naive datetime from ``value`` (see module docstring); InputError naming ``where``."""
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=None)
+    if isinstance(value, date):
+        return datetime(value.year, value.month, value.day)
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"{where}: expected a date/time string, got {value!r}")
+    text = _WEEKDAY.sub(" ", value).replace(" on ", " ").replace(" at ", " ").strip()
+    try:
+        return datetime.fromisoformat(text).replace(tzinfo=None)
+    except ValueError:
+        pass
+    from dateutil import parser  # noqa: PLC0415 - only for free-text times
+
+    try:
+        return parser.parse(text, default=datetime(2000, 1, 1)).replace(tzinfo=None)
+    except (ValueError, OverflowError) as exc:
+        raise InputError(f"{where}: cannot read {value!r} as a date/time") from exc
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    """``[start, end)`` with the words of the question it came from."""
+
+    start: datetime
+    end: datetime
+    expression: str
+
+    def contains(self, t: datetime) -> bool:
+        return self.start <= t < self.end
+
+    def to_dict(self) -> dict[str, str]:
+        return {"start": self.start.isoformat(), "end": self.end.isoformat(), "expression": self.expression}
+
+
+def _day(t: datetime) -> datetime:
+    return datetime(t.year, t.month, t.day)
+
+
+def _add_months(t: datetime, months: int) -> datetime:
+    y, m = divmod(t.month - 1 + months, 12)
+    year, month = t.year + y, m + 1
+    return datetime(year, month, min(t.day, calendar.monthrange(year, month)[1]))
+
+
+def _month(year: int, month: int) -> tuple[datetime, datetime]:
+    start = datetime(year, month, 1)
+    return start, _add_months(start, 1)
+
+
+def _span(unit: str, t: datetime) -> tuple[datetime, datetime]:
+    """The calendar day/week/month/year that contains ``t``."""
+    if unit == "day":
+        return _day(t), _day(t) + timedelta(days=1)
+    if unit == "week":
+        start = _day(t) - timedelta(days=t.weekday())
+        return start, start + timedelta(days=7)
+    if unit == "month":
+        return _month(t.year, t.month)
+    return datetime(t.year, 1, 1), datetime(t.year + 1, 1, 1)
+
+
+def _shift(unit: str, t: datetime, n: int) -> datetime:
+    if unit == "day":
+        return t + timedelta(days=n)
+    if unit == "week":
+        return t + timedelta(weeks=n)
+    if unit == "month":
+        return _add_months(t, n)
+    return _add_months(t, 12 * n)
+
+
+def _number(word: str) -> int:
+    word = word.lower().strip()
+    return int(word) if word.isdigit() else _NUMBERS[word.removeprefix("a ").strip()
+                                                     if word.startswith("a ") else word]
+
+
+_RULES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"\b(yesterday|today|tonight)\b", re.I), "day_word"),
+    (re.compile(rf"\b(last|this|past|previous|next)\s+({_UNIT_RE})\b", re.I), "relative_unit"),
+    (re.compile(rf"\b({_NUM_RE})\s+({_UNIT_RE})s?\s+ago\b", re.I), "ago"),
+    (re.compile(rf"\b(?:in|during|past|last|this)?\s*(?:the\s+)?(last|past)\s+({_NUM_RE})\s+({_UNIT_RE})s\b", re.I),
+     "last_n"),
+    (re.compile(rf"\b(last|this|next)\s+({_MONTH_RE})\b", re.I), "relative_month"),
+    (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE}),?\s+(\d{{4}})\b", re.I), "day_month_year"),
+    (re.compile(rf"\b({_MONTH_RE})\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b", re.I), "month_day_year"),
+    (re.compile(rf"\b({_MONTH_RE}),?\s+(?:of\s+)?(\d{{4}})\b", re.I), "month_year"),
+    (re.compile(r"\b(?:in|during|of|since|before|after|by)\s+(\d{4})\b", re.I), "year"),
+    (re.compile(rf"\b(?:in|during)\s+({_MONTH_RE})\b", re.I), "bare_month"),
+]
+_OPEN = re.compile(r"\b(since|after|before|until|by)\s*$", re.I)
+
+
+def resolve_range(question: str, question_date: datetime | None) -> TimeRange | None:
+    """The time range a question asks about, or None (see module docstring)."""
+    now = question_date or datetime.now()
+    for pattern, kind in _RULES:
+        m = pattern.search(question)
+        if m is None:
+            continue
+        found = _resolve(kind, m, now)
+        if found is None:
+            continue
+        start, end = found
+        opener = _OPEN.search(question[: m.start()]) or (
+            re.match(r"\s*(since|after|before|until|by)\b", m.group(0), re.I))
+        word = opener.group(1).lower() if opener else ""
+        if word in {"since", "after"}:
+            start, end = (end if word == "after" else start), max(_day(now) + timedelta(days=1), end)
+        elif word in {"before", "until", "by"}:
+            start, end = _EARLIEST, (start if word == "before" else end)
+        return TimeRange(start, end, m.group(0).strip())
+    return None
+
+
+def _resolve(kind: str, m: re.Match[str], now: datetime) -> tuple[datetime, datetime] | None:
+    g = [x.lower() if isinstance(x, str) else x for x in m.groups()]
+    if kind == "day_word":
+        offset = -1 if g[0] == "yesterday" else 0
+        return _span("day", now + timedelta(days=offset))
+    if kind == "relative_unit":
+        which, unit = g
+        step = {"last": -1, "past": -1, "previous": -1, "this": 0, "next": 1}[which]
+        return _span(unit, _shift(unit, now, step))
+    if kind == "ago":
+        n, unit = _number(g[0]), g[1]
+        return _span(unit, _shift(unit, now, -n))
+    if kind == "last_n":
+        n, unit = _number(g[1]), g[2]
+        return _shift(unit, _day(now), -n), _day(now) + timedelta(days=1)
+    if kind == "relative_month":
+        which, month = g[0], _MONTHS[g[1]]
+        year = now.year
+        if which == "last" and month >= now.month:
+            year -= 1
+        elif which == "next" and month <= now.month:
+            year += 1
+        return _month(year, month)
+    if kind == "day_month_year":
+        try:
+            return _span("day", datetime(int(g[2]), _MONTHS[g[1]], int(g[0])))
+        except ValueError:
+            return None
+    if kind == "month_day_year":
+        try:
+            return _span("day", datetime(int(g[2]), _MONTHS[g[0]], int(g[1])))
+        except ValueError:
+            return None
+    if kind == "month_year":
+        return _month(int(g[1]), _MONTHS[g[0]])
+    if kind == "year":
+        year = int(g[0])
+        return (datetime(year, 1, 1), datetime(year + 1, 1, 1)) if 1000 <= year <= 9998 else None
+    if kind == "bare_month":  # the latest such month not after the question date
+        month = _MONTHS[g[0]]
+        year = now.year if month <= now.month else now.year - 1
+        return _month(year, month)
+    return None

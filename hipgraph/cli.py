@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("index", help="index documents into an index folder (created if absent)")
     _add_db(p)
     p.add_argument("inputs", nargs="+", help="JSON (list or bundle with 'corpus'), JSONL, .txt/.md files or folders")
+    p.add_argument("--format", dest="fmt", choices=("documents", "conversation", "locomo", "longmemeval"),
+                   default="documents",
+                   help="documents (default); or conversations to remember: conversation (hipgraph's "
+                        "JSON/JSONL), locomo, longmemeval")
+    p.add_argument("--granularity", choices=("segment", "turn", "session"), default=None,
+                   help="conversations: memory units (default segment: topical segments)")
     p.add_argument("--extractor", default=None,
                    help="spacy (default) | llm | precomputed:FILE (HippoRAG OpenIE JSON)")
     p.add_argument("--id-field", default="id")
@@ -105,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "time subgraph grown from the question's entities)")
     p.add_argument("--persist", action="store_true",
                    help="expand mode: write verified new facts into the index")
+    p.add_argument("--question-date", default=None,
+                   help="conversation memory: when the question is asked (resolves 'last May')")
+    p.add_argument("--as-of", default=None, help="conversation memory: memory as it stood at this time")
     group = p.add_argument_group("answering")
     group.add_argument("--answer", action="store_true",
                        help="hand the passages to a generator and print its cited answer")
@@ -121,7 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="retrieval recall@k per mode on a QA bundle (indexes its corpus "
                                     "when the index is empty, with ids str(idx))")
     _add_db(p)
-    p.add_argument("bundle", type=Path, help="bundle JSON with 'questions' (gold_idx) and 'corpus'")
+    p.add_argument("bundle", type=Path, help="bundle JSON with 'questions' (gold_idx) and 'corpus'; "
+                                             "or a conversation file with --format")
+    p.add_argument("--format", dest="fmt", choices=("bundle", "locomo", "longmemeval"), default="bundle",
+                   help="locomo/longmemeval: evidence recall@k of conversation memory per question "
+                        "category, one index per conversation under --db, against a turn-level "
+                        "dense baseline")
     p.add_argument("--modes", default="graph,dense,bm25",
                    help=f"comma-separated modes among {', '.join(_modes())}")
     p.add_argument("--mode", dest="modes", help=argparse.SUPPRESS)  # single-mode alias
@@ -209,6 +223,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     from hipgraph.indexers.documents import SkippedRecord, to_document  # noqa: PLC0415
     from hipgraph.indexers.readers import FieldMap, read_inputs  # noqa: PLC0415
 
+    if args.fmt != "documents":
+        return _index_conversations(args)
     fields = FieldMap(id=args.id_field, text=args.text_field, title=args.title_field)
     records = list(read_inputs(args.inputs, fields))  # parses every file before writing
     if args.limit is not None:
@@ -237,6 +253,39 @@ def cmd_index(args: argparse.Namespace) -> int:
         print(f"indexed {args.db}: {r.added} added, {r.replaced} replaced, {r.unchanged} unchanged, "
               f"{r.skipped} skipped; {r.passages} passages, {r.entities_new} new entities, "
               f"{r.facts_new} new facts in {elapsed:.1f}s")
+        _print_stats(stats)
+    return 0
+
+
+def _index_conversations(args: argparse.Namespace) -> int:
+    import hipgraph  # noqa: PLC0415
+    from hipgraph.indexers.conversations import read_conversation_file  # noqa: PLC0415
+    from hipgraph.store.database import GraphStore  # noqa: PLC0415
+
+    convs = []
+    for name in args.inputs:  # every file is read and checked before anything is written
+        convs.extend(read_conversation_file(Path(name), args.fmt)[0])
+    if args.limit is not None:
+        convs = convs[: args.limit]
+    config = None if GraphStore.has_index(args.db) else _new_index_config(args)
+    t0 = time.perf_counter()
+    with hipgraph.open(args.db, create=True, config=config, extractor=_extractor_config(args)) as hg:
+        conv_cfg = hg.config.conversation
+        if args.granularity:
+            conv_cfg = dataclasses.replace(conv_cfg, granularity=args.granularity)
+        sessions = sum(len(c.sessions) for c in convs)
+        with _progress_bar(sessions, args.quiet, "sessions") as bar:
+            report = hg.add_conversations(convs, config=conv_cfg, progress=bar.update)
+        stats = hg.stats()
+    elapsed = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({"conversations": len(convs), "report": report.to_dict(), "stats": stats,
+                          "seconds": round(elapsed, 3)}, indent=2))
+    else:
+        r = report
+        print(f"indexed {args.db}: {len(convs)} conversation(s), {sessions} sessions: {r.added} added, "
+              f"{r.replaced} replaced, {r.unchanged} unchanged; {r.passages} memory units, "
+              f"{r.entities_new} new entities, {r.facts_new} new facts in {elapsed:.1f}s")
         _print_stats(stats)
     return 0
 
@@ -287,7 +336,8 @@ def cmd_query(args: argparse.Namespace) -> int:
             hits = result.hits
             extra.update({k: v for k, v in result.to_dict().items() if k not in {"question", "hits"}})
         else:
-            hits = hg.retrieve(args.question, k=args.k, mode=args.mode, config=config)
+            hits = hg.retrieve(args.question, k=args.k, mode=args.mode, config=config,
+                               question_date=args.question_date, as_of=args.as_of)
     if args.json:
         print(json.dumps({"question": args.question, "mode": args.mode, **extra,
                           "hits": [h.to_dict() for h in hits]}, indent=2))
@@ -304,6 +354,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         for h in hits:
             text = h.text if len(h.text) <= 240 else h.text[:237] + "..."
             print(f"{h.rank:>3}. [{h.score:.4f}] {h.title} (doc {h.doc_id})\n     {text}")
+            if h.turn_ids:
+                print(f"     turns {', '.join(h.turn_ids)} (session {h.session}, {h.time})")
             path = [step["name"] for step in h.why.get("path", []) if "name" in step]
             if path:
                 print(f"     via: {' -> '.join(path)} -> this passage")
@@ -327,6 +379,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hipgraph.evaluation import evaluate, load_bundle  # noqa: PLC0415
     from hipgraph.store.database import GraphStore  # noqa: PLC0415
 
+    if args.fmt != "bundle":
+        return _eval_memory(args)
     bundle = load_bundle(args.bundle)
     cutoffs = _cutoffs(args.k)
     config = _retrieval_config(args)
@@ -381,6 +435,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
         for g, rec in r.by_hops.items():
             print(f"  {g:6s} " + "".join(f"  {rec[k]:6.2f}" for k in cutoffs)
                   + f"   (n={r.hop_counts[g]})")
+    return 0
+
+
+def _eval_memory(args: argparse.Namespace) -> int:
+    from hipgraph.indexers.conversations import read_conversation_file  # noqa: PLC0415
+    from hipgraph.memory_eval import evaluate_memory  # noqa: PLC0415
+
+    cutoffs = _cutoffs(args.k)
+    convs, questions = read_conversation_file(args.bundle, args.fmt)
+    questions = [q for q in questions if q.get("evidence")][: args.limit]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in _modes()]
+    if unknown or not modes:
+        raise InputError(f"unknown mode(s) {unknown or modes}; available: {', '.join(_modes())}")
+    with _progress_bar(len(questions), args.quiet, "questions") as bar:
+        results, index_seconds = evaluate_memory(args.db, convs, questions, modes, cutoffs,
+                                                 config=_retrieval_config(args), progress=bar.update)
+    out = {"file": str(args.bundle), "questions": len(questions), "index_seconds": index_seconds,
+           "results": [r.to_dict() for r in results]}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{len(questions)} questions with evidence turns in {args.bundle}")
+    if index_seconds:
+        print("indexed " + ", ".join(f"{c} in {s:.1f}s" for c, s in index_seconds.items()))
+    print("mode        " + "".join(f"  R@{k:<4d}" for k in cutoffs) + "   ms/q")
+    for r in results:
+        print(f"{r.mode:11s} " + "".join(f"  {r.recall[k]:6.2f}" for k in cutoffs) + f"  {r.ms_per_query:6.1f}")
+        for c, rec in r.by_category.items():
+            print(f"  {c[:12]:12s}" + "".join(f"  {rec[k]:6.2f}" for k in cutoffs) + f"   (n={r.counts[c]})")
     return 0
 
 

@@ -1,0 +1,279 @@
+"""Conversation memory: readers and their errors, topical segmentation, time parsing and relative
+time expressions, sessions as documents (hits with turn ids, time-aware ranking, as_of), deleting
+a session, the LoCoMo evaluation and the CLI - on real DuckDB, FAISS, MiniLM and spaCy."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import numpy as np
+import pytest
+from conftest import REPO, check_consistency, run_cli
+
+from hipgraph.config import ConversationConfig
+from hipgraph.errors import InputError
+from hipgraph.indexers.conversations import read_conversation_file, session_key, to_conversation
+from hipgraph.indexers.segmentation import depth_scores, gap_similarity, segment
+from hipgraph.memory_eval import evaluate_memory, evidence_recall
+from hipgraph.temporal import parse_time, resolve_range
+
+LOCOMO = REPO.parent / "shared" / "data" / "conversations" / "locomo_dev5.json"
+
+COOKING = ["I tried a new pasta recipe last night with fresh basil and garlic.",
+           "Nice! Did you make the pasta dough yourself?",
+           "Yes, flour and eggs, then I rolled it thin and cut tagliatelle.",
+           "How long did you boil the noodles?",
+           "Only three minutes, fresh pasta cooks fast. The tomato sauce simmered for an hour.",
+           "I should cook more Italian food, my sauces always burn."]
+FOOTBALL = ["By the way, did you watch the football match on Sunday?",
+            "Yes! Our team scored two goals in the second half.",
+            "The goalkeeper saved a penalty in the final minute, unbelievable.",
+            "The striker has scored in five league games in a row now.",
+            "If they win the next match they lead the league table.",
+            "I already bought tickets for the stadium next month."]
+
+
+def _turns(texts, session, speakers=("Ana", "Ben")):
+    return [{"id": f"S{session}:{i + 1}", "speaker": speakers[i % 2], "text": t} for i, t in enumerate(texts)]
+
+
+def _conversation():
+    """Ana moves from Lisbon (January) to Berlin (June); pasta and football in between."""
+    return {"id": "ana-ben", "speakers": ["Ana", "Ben"], "sessions": [
+        {"id": "1", "time": "10:00 am on 15 January, 2023", "turns": _turns(
+            ["Hi Ben! I just moved into a flat in Lisbon, near the river.",
+             "Lisbon is lovely. Do you like the new job at Acme Bank?",
+             "Yes, Acme Bank gave me a desk with a view of the Tagus."], 1)},
+        {"id": "2", "time": "8:30 pm on 20 May, 2023", "turns": _turns(COOKING + FOOTBALL, 2)},
+        {"id": "3", "time": "6:00 pm on 10 June, 2023", "turns": _turns(
+            ["Big news: I left Lisbon and moved to Berlin last week.",
+             "Berlin! What about Acme Bank?",
+             "I quit Acme Bank and joined Zeta Robotics in Berlin as an engineer."], 3)},
+    ]}
+
+
+# ------------------------------------------------------------------ segmentation
+def test_two_topic_dialogue_is_cut_between_the_topics(embedder):
+    lines = [f"{'Ana' if i % 2 == 0 else 'Ben'}: {t}" for i, t in enumerate(COOKING + FOOTBALL)]
+    vectors = embedder.embed(lines)
+    depth = depth_scores(gap_similarity(vectors, 2))
+    assert int(np.argmax(depth)) == 5  # the gap between turn 6 (cooking) and turn 7 (football)
+    units = segment(vectors, ConversationConfig())
+    assert any(a == 6 for a, _ in units)  # a unit starts where football starts
+    assert units[0][0] == 0 and units[-1][1] == 12 and all(a < b for a, b in units)
+    assert all(b == c for (_, b), (c, _) in zip(units, units[1:], strict=False))
+    assert not any(a < 6 < b for a, b in units), "no unit mixes the two topics"
+    assert all(b - a >= ConversationConfig().min_turns for a, b in units)
+    assert segment(vectors, ConversationConfig(granularity="turn")) == [(i, i + 1) for i in range(12)]
+    assert segment(vectors, ConversationConfig(granularity="session")) == [(0, 12)]
+    assert all(b - a <= 3 for a, b in segment(vectors, ConversationConfig(max_turns=3, min_turns=1)))
+
+
+def test_depth_scores_follow_texttiling():
+    sims = np.array([0.9, 0.8, 0.2, 0.7, 0.9, 0.85])
+    depth = depth_scores(sims)
+    assert depth[2] == pytest.approx((0.9 - 0.2) + (0.9 - 0.2))  # climbs to both peaks
+    assert depth[0] == 0 and depth[4] == 0
+    assert depth[5] == pytest.approx(0.05)
+
+
+# ------------------------------------------------------------------ time
+def test_parse_time_formats_and_errors():
+    assert parse_time("1:56 pm on 8 May, 2023") == datetime(2023, 5, 8, 13, 56)
+    assert parse_time("2023/05/20 (Sat) 02:21") == datetime(2023, 5, 20, 2, 21)
+    assert parse_time("2023-05-08T10:00:00+02:00") == datetime(2023, 5, 8, 10, 0)
+    assert parse_time("May 2023") == datetime(2023, 5, 1)
+    with pytest.raises(InputError, match="sessions\\[2\\].time: cannot read 'next blue moon'"):
+        parse_time("next blue moon", where="sessions[2].time")
+
+
+@pytest.mark.parametrize(("question", "start", "end"), [
+    ("What did Ana do yesterday?", "2023-08-19", "2023-08-20"),
+    ("What happened last week?", "2023-08-07", "2023-08-14"),
+    ("Where did she go last May?", "2023-05-01", "2023-06-01"),
+    ("Where did she go last September?", "2022-09-01", "2022-10-01"),
+    ("What did he buy in May 2023?", "2023-05-01", "2023-06-01"),
+    ("What did she do in 2022?", "2022-01-01", "2023-01-01"),
+    ("What did they do two weeks ago?", "2023-07-31", "2023-08-07"),
+    ("What happened on 8 May 2023?", "2023-05-08", "2023-05-09"),
+    ("What did he do on May 7, 2023?", "2023-05-07", "2023-05-08"),
+    ("What has she painted since 2022?", "2022-01-01", "2023-08-21"),
+    ("What did she do before June 2023?", "0001-01-01", "2023-06-01"),
+    ("What did he do in the last 3 months?", "2023-05-20", "2023-08-21"),
+    ("What did she do in July?", "2023-07-01", "2023-08-01"),
+])
+def test_relative_time_expressions_against_a_fixed_question_date(question, start, end):
+    span = resolve_range(question, datetime(2023, 8, 20, 15, 0))
+    assert (span.start.date().isoformat(), span.end.date().isoformat()) == (start, end)
+
+
+def test_questions_without_a_fixed_time_resolve_to_nothing():
+    date = datetime(2023, 8, 20)
+    assert resolve_range("When did Melanie paint a sunrise?", date) is None
+    assert resolve_range("What happened two weeks before the trip?", date) is None
+
+
+# ------------------------------------------------------------------ memory
+def test_conversation_memory_hits_time_and_as_of(make_index):
+    hg = make_index("mem")
+    report = hg.add_conversation(_conversation())
+    assert report.added == 3 and report.passages >= 4
+    keys = [k for (k,) in hg.store.con.execute("SELECT key FROM documents ORDER BY key").fetchall()]
+    assert keys == [session_key("ana-ben", s) for s in ("1", "2", "3")]
+    hits = hg.retrieve("How long did the fresh pasta boil?", k=2)
+    top = hits[0]
+    assert top.conversation == "ana-ben" and top.session == "2" and "S2:5" in top.turn_ids
+    assert top.time == "2023-05-20T20:30:00" and top.title == "20 May 2023"
+    assert set(top.turn_ids) <= {f"S2:{i}" for i in range(1, 13)}
+    assert all(t.startswith("S2:") for t in top.turn_ids)
+    assert top.to_dict()["turn_ids"] == list(top.turn_ids)
+    # time expressions move the units of the asked-about time ahead
+    asked = "Where did Ana live and work last January?"
+    hits = hg.retrieve(asked, k=3, question_date="2023-08-01")
+    assert hits[0].session == "1" and hits[0].why["time_match"] == "last January"
+    # as_of: memory as it stood in February has no later session
+    past = hg.retrieve("Where does Ana work?", k=5, as_of="2023-02-01")
+    assert past and {h.session for h in past} == {"1"}
+    now = hg.retrieve("Where does Ana work?", k=5)
+    assert "3" in {h.session for h in now}
+    # re-adding is a no-op; a changed session is replaced
+    again = hg.add_conversation(_conversation())
+    assert again.unchanged == 3 and again.added == 0
+    changed = _conversation()
+    changed["sessions"][0]["turns"][0]["text"] = "Hi Ben! I just moved into a flat in Porto."
+    assert hg.add_conversation(changed).replaced == 1
+    check_consistency(hg)
+
+
+def test_deleting_a_session_removes_only_what_it_produced(make_index):
+    hg = make_index("mem")
+    hg.add_conversation(_conversation())
+
+    def facts_of(session: str) -> set[int]:
+        return {int(f) for (f,) in hg.store.con.execute("""
+            SELECT DISTINCT fs.fact_id FROM fact_sources fs JOIN passages p ON p.id = fs.passage_id
+            JOIN documents d ON d.id = p.doc_id WHERE d.key = ?""", [session_key("ana-ben", session)]).fetchall()}
+
+    third, others = facts_of("3"), facts_of("1") | facts_of("2")
+    assert third - others, "session 3 states facts no other session does"
+    report = hg.delete_conversation("ana-ben", ["3"])
+    assert report.deleted == 1
+    remaining = {int(f) for (f,) in hg.store.con.execute("SELECT id FROM facts").fetchall()}
+    assert not (third - others) & remaining and others <= remaining
+    assert all(h.session != "3" for h in hg.retrieve("Zeta Robotics in Berlin", k=5))
+    check_consistency(hg)
+    assert hg.delete_conversation("ana-ben").deleted == 2 and hg.stats()["documents"] == 0
+
+
+def test_malformed_conversations_name_the_record(tmp_path):
+    good = _conversation()
+    cases = [
+        ({**good, "sessions": []}, "field 'sessions' must be a non-empty list"),
+        ({**good, "sessions": [{"id": "1", "turns": [{"speaker": "Ana"}]}]},
+         r"sessions\[0\].turns\[0\]: field 'text' must be a non-empty string"),
+        ({**good, "sessions": [{"id": "1", "time": "someday", "turns": _turns(["hi"], 1)}]},
+         r"sessions\[0\].time: cannot read 'someday'"),
+        ({**good, "sessions": [{"id": "1", "turns": _turns(["hi"], 1)}, {"id": "1", "turns": _turns(["yo"], 2)}]},
+         "session id '1' appears twice"),
+        ({**good, "id": "a#b"}, "must not contain '#'"),
+    ]
+    for record, message in cases:
+        with pytest.raises(InputError, match=message):
+            to_conversation(record)
+    bad = tmp_path / "bad_locomo.json"
+    bad.write_text(json.dumps({"conversations": [{"id": "c1", "turns": [
+        {"dia_id": "D1:1", "session": 1, "session_date_time": "1:56 pm on 8 May, 2023", "speaker": "A", "text": "hi"},
+        {"session": 1, "session_date_time": "1:56 pm on 8 May, 2023", "speaker": "B", "text": "yo"}]}]}))
+    with pytest.raises(InputError, match=r"bad_locomo.json: conversations\[0\].turns\[1\]: field 'dia_id'"):
+        read_conversation_file(bad, "locomo")
+    lme = tmp_path / "lme.json"
+    lme.write_text(json.dumps([{"question_id": "q1", "question": "?", "haystack_sessions": [[]],
+                                "haystack_session_ids": ["s1", "s2"], "haystack_dates": ["2023/05/20 (Sat) 02:21"]}]))
+    with pytest.raises(InputError, match=r"lme.json: \[0\]: 'haystack_sessions'.*same length"):
+        read_conversation_file(lme, "longmemeval")
+    proc = run_cli("index", "--db", str(tmp_path / "ix"), "--format", "locomo", str(bad))
+    assert proc.returncode == 2 and "turns[1]: field 'dia_id'" in proc.stderr
+    assert not (tmp_path / "ix" / "graph.duckdb").exists() or "documents" not in proc.stdout
+
+
+def test_longmemeval_and_original_locomo_formats(tmp_path):
+    lme = tmp_path / "lme.json"
+    lme.write_text(json.dumps([{
+        "question_id": "q1", "question_type": "temporal-reasoning", "question": "When did I buy the bike?",
+        "answer": "in May", "question_date": "2023/06/01 (Thu) 10:00",
+        "haystack_session_ids": ["s1", "s2"], "haystack_dates": ["2023/05/02 (Tue) 09:00", "2023/05/20 (Sat) 02:21"],
+        "haystack_sessions": [[{"role": "user", "content": "I bought a bike today.", "has_answer": True},
+                               {"role": "assistant", "content": "Congratulations!"}],
+                              [{"role": "user", "content": "Any tips for tomatoes?"}]],
+        "answer_session_ids": ["s1"]}]))
+    convs, qs = read_conversation_file(lme, "longmemeval")
+    assert [s.id for s in convs[0].sessions] == ["s1", "s2"]
+    assert convs[0].sessions[0].time == datetime(2023, 5, 2, 9, 0)
+    assert qs[0]["evidence"] == ["s1:1"] and qs[0]["question_date"] == "2023-06-01T10:00:00"
+    original = tmp_path / "locomo10.json"
+    original.write_text(json.dumps([{"sample_id": "conv-x", "conversation": {
+        "speaker_a": "Caroline", "speaker_b": "Melanie", "session_1_date_time": "1:56 pm on 8 May, 2023",
+        "session_1": [{"speaker": "Caroline", "dia_id": "D1:1", "text": "I went to a support group."},
+                      {"speaker": "Melanie", "dia_id": "D1:2", "text": "Look!", "blip_caption": "a photo of a lake"}]},
+        "qa": [{"question": "What did Caroline attend?", "answer": "a support group", "evidence": ["D1:1"],
+                "category": 4}]}]))
+    convs, qs = read_conversation_file(original, "locomo")
+    assert convs[0].speakers == ("Caroline", "Melanie")
+    assert convs[0].sessions[0].turns[1].text == "Look! [shares an image: a photo of a lake]"
+    assert qs[0]["category"] == "single-hop" and qs[0]["question_date"] == "2023-05-08T13:56:00"
+
+
+@pytest.mark.skipif(not LOCOMO.exists(), reason="shared LoCoMo data not present")
+def test_locomo_reader_on_the_shared_file():
+    convs, qs = read_conversation_file(LOCOMO, "locomo")
+    assert len(convs) == 5 and sum(len(s.turns) for c in convs for s in c.sessions) == 2760
+    assert len(qs) == 999 and {q["category"] for q in qs} >= {"single-hop", "multi-hop", "temporal"}
+    first = convs[0].sessions[0]
+    assert first.time == datetime(2023, 5, 8, 13, 56) and first.turns[2].id == "D1:3"
+
+
+def test_evidence_recall_and_memory_eval(tmp_path, embedder):
+    assert evidence_recall(["a", "b"], [["x"], ["a", "y"], ["b"]], 2) == 0.5
+    assert evidence_recall(["a", "b"], [["x"], ["a", "y"], ["b"]], 3) == 1.0
+    conv = to_conversation(_conversation())
+    questions = [{"id": "q1", "question": "How long did the fresh pasta boil?", "evidence": ["S2:5"],
+                  "category": "single-hop", "conversation": "ana-ben", "question_date": "2023-08-01"},
+                 {"id": "q2", "question": "Which company did Ana join in Berlin?", "evidence": ["S3:3"],
+                  "category": "temporal", "conversation": "ana-ben", "question_date": None}]
+    from conftest import index_config
+
+    import hipgraph
+
+    def open_index(path, create):
+        return hipgraph.open(path, create=create, embedder=embedder, config=index_config())
+
+    results, seconds = evaluate_memory(tmp_path / "mem", [conv], questions, ["graph"], [1, 5],
+                                       open_index=open_index)
+    assert set(seconds) == {"ana-ben"}
+    by_mode = {r.mode: r for r in results}
+    assert set(by_mode) == {"graph", "turn-dense"}
+    assert by_mode["graph"].recall[5] == 100.0
+    assert by_mode["graph"].counts == {"single-hop": 1, "temporal": 1}
+    # the baseline ranks single turns: its recall@1 is the share of questions whose turn is first
+    assert by_mode["turn-dense"].recall[1] in (0.0, 50.0, 100.0)
+    results, seconds = evaluate_memory(tmp_path / "mem", [conv], questions, ["dense"], [5],
+                                       open_index=open_index)
+    assert seconds == {}  # the index is reused
+
+
+def test_cli_conversation_index_query_and_eval(tmp_path):
+    path = tmp_path / "conv.json"
+    path.write_text(json.dumps(_conversation()))
+    db = tmp_path / "ix"
+    out = json.loads(run_cli("index", "--db", str(db), "--format", "conversation", str(path), "--json",
+                             check=True).stdout)
+    assert out["conversations"] == 1 and out["report"]["added"] == 3
+    text = run_cli("query", "--db", str(db), "How long did the fresh pasta boil?", "-k", "1",
+                   "--question-date", "2023-08-01", check=True).stdout
+    assert "turns S2:" in text and "session 2" in text
+    hits = json.loads(run_cli("query", "--db", str(db), "Where does Ana work?", "--as-of", "2023-02-01",
+                              "--json", check=True).stdout)["hits"]
+    assert hits and all(h["session"] == "1" for h in hits)
+    bad = run_cli("query", "--db", str(db), "x", "--as-of", "someday")
+    assert bad.returncode == 2 and "as_of: cannot read 'someday'" in bad.stderr

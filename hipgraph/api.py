@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from hipgraph.query.engine import MODES, Retriever
 from hipgraph.store.database import GraphStore
 from hipgraph.store.llm_cache import DuckDBResponseCache
 from hipgraph.store.vector_set import VectorSet
-from hipgraph.types import Answer, Conversation, Document, Hit, IndexReport
+from hipgraph.types import Answer, Conversation, Document, Fact, Hit, IndexReport
 
 logger = logging.getLogger(__name__)
 
@@ -199,6 +200,39 @@ class HipGraph:
     def stats(self) -> dict[str, Any]:
         """Counts: documents, passages, entities, facts and edges by type."""
         return self.store.stats()
+
+    def facts(self, entity: str | None = None, *, as_of: Any = None, current_only: bool = False) -> list[Fact]:
+        """Stored facts (subject, relation, object), those about ``entity`` (its name, any case)
+        when given, with their passages and - for facts stated in conversations - ``valid_at``,
+        ``invalid_at`` and ``invalidated_by``. ``as_of`` leaves out facts stated later;
+        ``current_only`` keeps those that still held then (or now). Ordered by time, then id."""
+        from hipgraph.indexers.normalize import normalize_entity  # noqa: PLC0415
+        from hipgraph.temporal import parse_time  # noqa: PLC0415
+
+        when = parse_time(as_of, where="as_of") if as_of is not None else None
+        sql = """SELECT f.id, f.subject_id, s.name, f.relation, f.object_id, o.name,
+                        list(DISTINCT fs.passage_id ORDER BY fs.passage_id)
+                 FROM facts f JOIN entities s ON s.id = f.subject_id JOIN entities o ON o.id = f.object_id
+                 JOIN fact_sources fs ON fs.fact_id = f.id WHERE f.kind = 'triple'"""
+        params: list[Any] = []
+        if entity is not None:
+            sql += " AND (s.name = ? OR o.name = ?)"
+            params = [normalize_entity(entity)] * 2
+        rows = self.store.con.execute(sql + " GROUP BY ALL", params).fetchall()
+        times = self.retriever.fact_times()
+        out = []
+        for fid, sid, subj, rel, oid, obj, pids in rows:
+            t = times.get(int(fid))
+            if t is not None and when is not None and t.valid_at is not None and t.valid_at > when:
+                continue
+            if current_only and t is not None and not t.valid(when):
+                continue
+            out.append(Fact(int(fid), int(sid), subj, rel, int(oid), obj, tuple(int(p) for p in pids),
+                            t.valid_at if t else None,
+                            t.invalid_at if t and (when is None or (t.invalid_at and t.invalid_at <= when)) else None,
+                            t.invalidated_by if t and t.invalid_at and (when is None or t.invalid_at <= when) else None))
+        out.sort(key=lambda f: (f.valid_at or datetime.min, f.id))
+        return out
 
     @property
     def retriever(self) -> Retriever:

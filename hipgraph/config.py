@@ -324,6 +324,9 @@ class RetrievalConfig:
     # keep only them (filter) or are ignored (off); ranked over this many candidates
     time_mode: str = "boost"
     memory_candidates: int = 50
+    # facts stated in conversations and replaced since seed at this fraction of their score,
+    # unless the question asks about the past
+    stale_fact_weight: float = 0.5
     decompose: DecomposeConfig = field(default_factory=DecomposeConfig)
     expand: ExpandConfig = field(default_factory=ExpandConfig)
     llm: ChatConfig | None = None  # for the graph mode's fact filter; None = no LLM calls
@@ -334,6 +337,7 @@ class RetrievalConfig:
         _check(self.time_mode in {"boost", "filter", "off"},
                f"time_mode must be boost|filter|off, got {self.time_mode!r}")
         _check(self.memory_candidates >= 1, "memory_candidates must be >= 1")
+        _check(0.0 <= self.stale_fact_weight <= 1.0, "stale_fact_weight must be in [0, 1]")
         _check(bool(self.hybrid_modes) and set(self.hybrid_modes) <= {"graph", "dense", "bm25"},
                f"hybrid_modes must be a non-empty subset of graph, dense, bm25: {self.hybrid_modes}")
 

@@ -89,6 +89,18 @@ class Fact:
     object_id: int
     object: str
     passage_ids: tuple[int, ...] = ()
+    # facts stated in conversations: when first stated, and when a later fact replaced it
+    valid_at: datetime | None = None
+    invalid_at: datetime | None = None
+    invalidated_by: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "subject": self.subject, "relation": self.relation, "object": self.object,
+                "subject_id": self.subject_id, "object_id": self.object_id,
+                "passage_ids": list(self.passage_ids),
+                "valid_at": self.valid_at.isoformat() if self.valid_at else None,
+                "invalid_at": self.invalid_at.isoformat() if self.invalid_at else None,
+                "invalidated_by": self.invalidated_by}
 
 
 @dataclass

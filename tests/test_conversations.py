@@ -277,3 +277,41 @@ def test_cli_conversation_index_query_and_eval(tmp_path):
     assert hits and all(h["session"] == "1" for h in hits)
     bad = run_cli("query", "--db", str(db), "x", "--as-of", "someday")
     assert bad.returncode == 2 and "as_of: cannot read 'someday'" in bad.stderr
+
+
+def _moving():
+    return {"id": "ana", "speakers": ["Ana", "Ben"], "sessions": [
+        {"id": "1", "time": "2023-01-15 10:00", "turns": [
+            {"speaker": "Ana", "text": "I live in Lisbon now."},
+            {"speaker": "Ben", "text": "Lisbon is lovely, enjoy the sun!"}]},
+        {"id": "2", "time": "2023-06-10 18:00", "turns": [
+            {"speaker": "Ana", "text": "Big news: I live in Berlin now."},
+            {"speaker": "Ben", "text": "Berlin! That is a big change."}]}]}
+
+
+def test_contradicted_fact_is_invalidated_and_still_retrievable_as_of(make_index):
+    hg = make_index("mem")
+    hg.add_conversation(_moving())
+    facts = {f.object: f for f in hg.facts("Ana") if f.relation == "live in"}
+    lisbon, berlin = facts["lisbon"], facts["berlin"]  # first-person turns are about the speaker
+    assert lisbon.subject == "ana" and lisbon.valid_at == datetime(2023, 1, 15, 10, 0)
+    assert lisbon.invalid_at == datetime(2023, 6, 10, 18, 0) and lisbon.invalidated_by == berlin.id
+    assert berlin.invalid_at is None and berlin.valid_at == datetime(2023, 6, 10, 18, 0)
+    assert [f.object for f in hg.facts("ana", current_only=True) if f.relation == "live in"] == ["berlin"]
+    # as it stood in February: Lisbon, still valid then; Berlin not yet stated
+    then = {f.object: f for f in hg.facts("ana", as_of="2023-02-01") if f.relation == "live in"}
+    assert set(then) == {"lisbon"} and then["lisbon"].invalid_at is None
+    # now the current fact leads; as of February the old one does
+    now = hg.retrieve("Where does Ana live?", k=2)
+    assert now[0].session == "2"
+    assert [f["object"] for f in now[0].why["seed_facts"]] == ["berlin"]  # the stale one seeds weaker
+    past = hg.retrieve("Where does Ana live?", k=2, as_of="2023-02-01")
+    assert [h.session for h in past] == ["1"] and "lisbon" in {f["object"] for f in past[0].why["seed_facts"]}
+    # a question about the past does not demote the replaced fact
+    before = hg.retrieve("Where did Ana live before moving?", k=2)
+    assert "lisbon" in {f["object"] for f in before[0].why["seed_facts"]}
+    # nothing was deleted: forgetting the later session makes the old fact current again
+    hg.delete_conversation("ana", ["2"])
+    (only,) = [f for f in hg.facts("ana") if f.relation == "live in"]
+    assert only.object == "lisbon" and only.invalid_at is None
+    check_consistency(hg)

@@ -279,6 +279,24 @@ def session_document(conv: Conversation, session: Session, units: Sequence[tuple
     return Document(session_key(conv.id, session.id), text, title, metadata)
 
 
+_FIRST_PERSON = [(re.compile(r"\bI'm\b"), "{s} is"), (re.compile(r"\bI've\b"), "{s} has"),
+                 (re.compile(r"\bI'll\b"), "{s} will"), (re.compile(r"\bI'd\b"), "{s} would"),
+                 (re.compile(r"\b(I|me|myself)\b"), "{s}"), (re.compile(r"\b(my|mine)\b", re.I), "{s}'s")]
+
+
+def resolve_speakers(text: str) -> str:
+    """Each ``Speaker: ...`` line with first-person pronouns replaced by the speaker's name."""
+    out = []
+    for line in text.split("\n"):
+        speaker, sep, said = line.partition(": ")
+        if sep and speaker and len(speaker) <= 40:
+            for pattern, repl in _FIRST_PERSON:
+                said = pattern.sub(repl.format(s=speaker), said)
+            line = f"{speaker}{sep}{said}"
+        out.append(line)
+    return "\n".join(out)
+
+
 def unit_turns(metadata: Mapping[str, Any], start: int, end: int) -> list[str]:
     """Ids of the turns whose lines overlap the character span ``[start, end)``."""
     return [t[0] for t in metadata.get("turns", []) if t[2] < end and t[3] > start]

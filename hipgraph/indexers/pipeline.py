@@ -7,6 +7,7 @@ at most the batch in flight, and re-adding the same documents resumes (unchanged
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import json
 import logging
@@ -24,6 +25,7 @@ import pyarrow as pa
 from hipgraph.config import IndexConfig
 from hipgraph.errors import InputError
 from hipgraph.indexers.chunking import chunk_document
+from hipgraph.indexers.conversations import SESSION_KIND, resolve_speakers
 from hipgraph.indexers.documents import SkippedRecord, content_hash, text_hash, to_document
 from hipgraph.indexers.extract_base import Extractor
 from hipgraph.indexers.extract_spacy import COOCCURS
@@ -211,7 +213,8 @@ class Indexer:
     def _extract(self, batch: _Batch):
         """Worker-thread stage: OpenIE over the batch's passages (touches no database)."""
         t0 = time.perf_counter()
-        extractions = self.extractor.extract(batch.chunks)
+        extractions = self.extractor.extract([_for_extraction(c, batch.docs[i])
+                                              for c, i in zip(batch.chunks, batch.chunk_doc, strict=True)])
         if len(extractions) != len(batch.chunks):
             raise InputError(
                 f"extractor {self.extractor.name} returned {len(extractions)} results "
@@ -407,6 +410,14 @@ class Indexer:
             new_vectors = np.zeros((0, dim), np.float32)
         return update_synonyms(self.store, self.vectors.indexes["entity"], new_ids, new_vectors,
                                removed.entity_vector_ids, removed_vectors, self.config.synonyms)
+
+
+def _for_extraction(chunk: Chunk, doc: Document) -> Chunk:
+    """The chunk as the extractor reads it: conversation turns speak in the first person, so
+    "Ana: I moved to Berlin" is read as "Ana: Ana moved to Berlin" (facts about the speaker)."""
+    if doc.metadata.get("kind") != SESSION_KIND:
+        return chunk
+    return dataclasses.replace(chunk, text=resolve_speakers(chunk.text))
 
 
 @contextmanager

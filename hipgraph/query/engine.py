@@ -36,8 +36,9 @@ from hipgraph.query.graph import (
 )
 from hipgraph.query.hits import Ranked, to_hits
 from hipgraph.query.linking import EntityNames, QuestionSpans
-from hipgraph.query.memory import apply_time, parse_question_dates
+from hipgraph.query.memory import apply_time, asks_about_past, parse_question_dates
 from hipgraph.query.snapshot import GraphSnapshot, current_snapshot
+from hipgraph.query.validity import FactTime, fact_times, fact_weights
 from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
 from hipgraph.temporal import parse_time, resolve_range
@@ -124,6 +125,7 @@ class Retriever:
         self._spacy_model = spacy_model
         self._rule_decomposer = None
         self._times: tuple[int, dict[int, tuple[datetime, datetime]]] | None = None
+        self._fact_times: tuple[int, dict[int, FactTime]] | None = None
         self._snapshot: GraphSnapshot | None = None
         self._names: EntityNames | None = None
         self._bm25: Any = None
@@ -188,7 +190,10 @@ class Retriever:
         with _blas_threads(1):
             times = self._unit_times()
             depth = max(k, cfg.memory_candidates) if times else k
-            rankings = self.rank(questions, depth, mode, cfg)
+            when = None
+            if times:  # facts stated in conversations: weighed by when they held
+                when = [(as_of_t, asks_about_past(q, d or as_of_t)) for q, d in zip(questions, dates, strict=True)]
+            rankings = self.rank(questions, depth, mode, cfg, when=when)
             if times:  # conversation memory: time expressions and as_of
                 rankings = [apply_time(r, times, resolve_range(q, d or as_of_t), as_of_t, cfg.time_mode)
                             for r, q, d in zip(rankings, questions, dates, strict=True)]
@@ -210,9 +215,11 @@ class Retriever:
         return self._times[1]
 
     def rank(self, questions: list[str], depth: int, mode: str, cfg: RetrievalConfig,
-             qvec: np.ndarray | None = None) -> list[Ranked]:
+             qvec: np.ndarray | None = None, when: list[tuple[datetime | None, bool]] | None = None,
+             ) -> list[Ranked]:
         """Best ``depth`` passages per question as ``(passage id, score, why)``; ``qvec``: the
-        questions' embeddings when the caller has them already."""
+        questions' embeddings when the caller has them already; ``when``: per question the as-of
+        time (None = now) and whether it asks about the past, for facts stated in conversations."""
         if mode == "decompose":
             return [r.ranking for r in self._decompose(questions, depth, cfg)]
         if mode == "expand":
@@ -220,12 +227,12 @@ class Retriever:
         if mode == "bm25":
             return self._rank_bm25(questions, depth, cfg)
         if mode == "hybrid":
-            return self._rank_hybrid(questions, depth, cfg)
+            return self._rank_hybrid(questions, depth, cfg, when)
         if mode == "dense":
             if qvec is None:
                 qvec = self._embedder().embed(questions)
             return dense_rankings(self.vectors, qvec, depth)
-        return self._rank_graph(questions, depth, cfg, qvec)
+        return self._rank_graph(questions, depth, cfg, qvec, when)
 
     # ------------------------------------------------------------------ decompose and expand
     def decompose_many(self, questions: Sequence[str], k: int,
@@ -296,12 +303,13 @@ class Retriever:
                         for s, i in zip(scores[q], ids[q], strict=True) if i >= 0])
         return out
 
-    def _rank_hybrid(self, questions: list[str], depth: int, cfg: RetrievalConfig) -> list[Ranked]:
+    def _rank_hybrid(self, questions: list[str], depth: int, cfg: RetrievalConfig,
+                     when: list[tuple[datetime | None, bool]] | None = None) -> list[Ranked]:
         depth_each = max(depth, cfg.fusion_depth)
         # graph and dense share one embedding of the questions
         qvec = (self._embedder().embed(questions)
                 if {"graph", "dense"} <= set(cfg.hybrid_modes) else None)
-        parts = {m: self.rank(questions, depth_each, m, cfg, qvec) for m in cfg.hybrid_modes}
+        parts = {m: self.rank(questions, depth_each, m, cfg, qvec, when) for m in cfg.hybrid_modes}
         out: list[Ranked] = []
         for q in range(len(questions)):
             fused: dict[int, float] = {}
@@ -317,8 +325,10 @@ class Retriever:
 
     # ------------------------------------------------------------------ graph mode
     def graph_run(self, questions: list[str], cfg_all: RetrievalConfig,
-                  qvec: np.ndarray | None = None) -> GraphRun:
-        """Seeds and PPR node scores of ``questions`` (one embedding call, one batched PPR)."""
+                  qvec: np.ndarray | None = None,
+                  when: list[tuple[datetime | None, bool]] | None = None) -> GraphRun:
+        """Seeds and PPR node scores of ``questions`` (one embedding call, one batched PPR);
+        ``when`` weighs facts stated in conversations by whether they held (see :meth:`rank`)."""
         cfg = cfg_all.graph
         snap = self.snapshot()
         embedder = self._embedder()
@@ -355,6 +365,12 @@ class Retriever:
             f_ids = np.zeros((len(questions), 0), np.int64)
         fact_rows = [snap.fact_index(f_ids[q]) for q in range(len(questions))]
         fact_scores = [f_scores[q].astype(np.float64) for q in range(len(questions))]
+        if when is not None:
+            validity = self.fact_times()
+            if validity:
+                for q, (at, past) in enumerate(when):
+                    fact_scores[q] = fact_scores[q] * fact_weights(
+                        validity, f_ids[q], at, past, cfg_all.stale_fact_weight)
         filter_notes: list[str | None] = [None] * len(questions)
         threshold = None
         if self._fact_filter(cfg_all) is not None and cfg.fact_filter:
@@ -375,8 +391,15 @@ class Retriever:
                         filter_notes, best_dense, best_fact)
 
     def _rank_graph(self, questions: list[str], depth: int, cfg_all: RetrievalConfig,
-                    qvec: np.ndarray | None = None) -> list[Ranked]:
-        return self.rank_run(self.graph_run(questions, cfg_all, qvec), depth, cfg_all.graph)
+                    qvec: np.ndarray | None = None,
+                    when: list[tuple[datetime | None, bool]] | None = None) -> list[Ranked]:
+        return self.rank_run(self.graph_run(questions, cfg_all, qvec, when), depth, cfg_all.graph)
+
+    def fact_times(self) -> dict[int, FactTime]:
+        """Validity of facts stated in conversations (read once per index generation)."""
+        if self._fact_times is None or self._fact_times[0] != self.store.generation:
+            self._fact_times = (self.store.generation, fact_times(self.store))
+        return self._fact_times[1]
 
     def rank_run(self, run: GraphRun, depth: int, cfg: GraphRetrievalConfig) -> list[Ranked]:
         """Best ``depth`` passages per question of a :meth:`graph_run` (dense when unseeded)."""

@@ -9,11 +9,12 @@ that are not conversation units carry no time: ``as_of`` keeps them, a range nev
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime
 
 from hipgraph.query.hits import Ranked
-from hipgraph.temporal import TimeRange
+from hipgraph.temporal import TimeRange, resolve_range
 
 
 def apply_time(ranked: Ranked, times: dict[int, tuple[datetime, datetime]], span: TimeRange | None,
@@ -33,6 +34,19 @@ def apply_time(ranked: Ranked, times: dict[int, tuple[datetime, datetime]], span
     if mode == "filter" and inside:
         return inside
     return inside + outside
+
+
+_PAST = re.compile(r"\b(used to|previously|formerly|originally|at first|at the time|back then|"
+                   r"before (?:moving|that|then)|in the past|did .{0,40}\bbefore)\b", re.IGNORECASE)
+
+
+def asks_about_past(question: str, question_date: datetime | None) -> bool:
+    """Whether a question asks how things were rather than how they are: past markers ("used
+    to", "previously") or a time expression whose range ends before the question date."""
+    if _PAST.search(question):
+        return True
+    span = resolve_range(question, question_date)
+    return span is not None and span.end <= (question_date or datetime.now())
 
 
 def parse_question_dates(dates: Sequence[object] | None, n: int, parse) -> list[datetime | None]:

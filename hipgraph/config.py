@@ -385,8 +385,9 @@ class ConversationConfig:
     depth + ``depth_std`` standard deviations, and at least ``min_depth``; no segment is shorter
     than ``min_turns`` turns, and one longer than ``max_turns`` is cut at its deepest gap.
     ``time_in_key`` puts the session date in each unit's title, which is embedded with its text
-    (time-aware keys). With an LLM configured for indexing and ``llm_segments``, the model
-    places the boundaries instead.
+    (time-aware keys); ``fact_keys`` appends the facts extracted from a unit to the text it is
+    embedded as (fact-augmented keys). With an LLM configured for indexing and ``llm_segments``,
+    the model places the boundaries instead.
     """
 
     granularity: str = "segment"
@@ -396,6 +397,7 @@ class ConversationConfig:
     min_turns: int = 2
     max_turns: int = 8
     time_in_key: bool = True
+    fact_keys: bool = False  # measured on LoCoMo: +0.4 R@5 graph, -0.8 dense with spaCy facts
     llm_segments: bool = False
 
     def __post_init__(self) -> None:

@@ -315,3 +315,23 @@ def test_contradicted_fact_is_invalidated_and_still_retrievable_as_of(make_index
     (only,) = [f for f in hg.facts("ana") if f.relation == "live in"]
     assert only.object == "lisbon" and only.invalid_at is None
     check_consistency(hg)
+
+
+def test_speakers_are_entities_and_fact_keys_embed_the_facts(make_index, embedder):
+    from conftest import index_config
+
+    hg = make_index("keys", config=index_config(conversation=ConversationConfig(fact_keys=True)))
+    hg.add_conversation(_moving())
+    names = {n for (n,) in hg.store.con.execute("SELECT name FROM entities").fetchall()}
+    assert {"ana", "ben"} <= names
+    pid, title, text = hg.store.con.execute("""
+        SELECT p.id, p.title, p.text FROM passages p JOIN documents d ON d.id = p.doc_id
+        WHERE d.key = 'ana#1'""").fetchall()[0]
+    facts = [f"{s} {r} {o}" for s, r, o in hg.store.con.execute("""
+        SELECT s.name, f.relation, o.name FROM facts f JOIN fact_sources fs ON fs.fact_id = f.id
+        JOIN entities s ON s.id = f.subject_id JOIN entities o ON o.id = f.object_id
+        WHERE fs.passage_id = ? AND f.kind = 'triple'""", [pid]).fetchall()]
+    assert "ana live in lisbon" in facts
+    stored = hg.store.con.execute("SELECT vec FROM passage_vectors WHERE id = ?", [pid]).fetchall()[0][0]
+    plain, keyed = embedder.embed([f"{title}\n{text}", f"{title}\n{text}\nFacts: " + "; ".join(facts)])
+    assert float(np.dot(stored, keyed)) > 0.999 > float(np.dot(stored, plain))

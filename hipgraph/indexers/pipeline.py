@@ -41,7 +41,7 @@ from hipgraph.indexers.normalize import clean_surface, normalize_entity, normali
 from hipgraph.models.base import Embedder
 from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
-from hipgraph.types import Chunk, Document, IndexReport
+from hipgraph.types import Chunk, Document, Extraction, IndexReport
 
 logger = logging.getLogger(__name__)
 
@@ -227,13 +227,13 @@ class Indexer:
                 progress: Progress | None) -> None:
         if future is not None:
             extractions = future.result()  # re-raises the worker's error: this batch is not written
+            extractions = [_with_speakers(e, c, batch.docs[i])
+                           for e, c, i in zip(extractions, batch.chunks, batch.chunk_doc, strict=True)]
             with _timed(batch.report, "graph"):
                 self._collect_graph_items(batch, extractions)
                 self._resolve_existing(batch)
             with _timed(batch.report, "embed"):
-                prepend = self.config.chunk.prepend_title
-                batch.passage_vectors = self.embedder.embed(
-                    [passage_embedding_text(c, prepend) for c in batch.chunks])
+                batch.passage_vectors = self.embedder.embed(self._key_texts(batch))
                 batch.new_entity_vectors = self.embedder.embed(batch.new_entities)
                 batch.new_fact_vectors = self.embedder.embed(
                     [fact_text(s, r, o) for s, r, o, kind in batch.new_facts if kind == "triple"])
@@ -242,6 +242,22 @@ class Indexer:
         _release_freed_memory()
         if progress:
             progress(seen)
+
+    def _key_texts(self, batch: _Batch) -> list[str]:
+        """What each passage is embedded as: title and text; a conversation unit also with the
+        facts extracted from it (fact-augmented keys) when ``conversation.fact_keys`` is on."""
+        prepend = self.config.chunk.prepend_title
+        texts = [passage_embedding_text(c, prepend) for c in batch.chunks]
+        if not self.config.conversation.fact_keys:
+            return texts
+        facts: dict[int, list[str]] = {}
+        for ci, subj, rel, obj, kind in batch.facts:
+            if kind == "triple":
+                facts.setdefault(ci, []).append(f"{subj} {rel} {obj}")
+        for ci in facts:
+            if batch.docs[batch.chunk_doc[ci]].metadata.get("kind") == SESSION_KIND:
+                texts[ci] += "\nFacts: " + "; ".join(facts[ci])
+        return texts
 
     def _collect_graph_items(self, batch: _Batch, extractions) -> None:
         """Normalize extractor output into mention and fact rows keyed by entity names."""
@@ -418,6 +434,18 @@ def _for_extraction(chunk: Chunk, doc: Document) -> Chunk:
     if doc.metadata.get("kind") != SESSION_KIND:
         return chunk
     return dataclasses.replace(chunk, text=resolve_speakers(chunk.text))
+
+
+def _with_speakers(extraction: Extraction, chunk: Chunk, doc: Document) -> Extraction:
+    """A conversation unit's speakers are entities it mentions (label PERSON)."""
+    if doc.metadata.get("kind") != SESSION_KIND:
+        return extraction
+    speakers = [line.split(": ", 1)[0] for line in chunk.text.split("\n") if ": " in line]
+    new = [sp for sp in dict.fromkeys(speakers) if sp and sp not in extraction.entities]
+    if not new:
+        return extraction
+    labels = {**extraction.entity_labels, **{sp: "PERSON" for sp in new}}
+    return dataclasses.replace(extraction, entities=(*extraction.entities, *new), entity_labels=labels)
 
 
 @contextmanager

@@ -291,7 +291,8 @@ class HipGraph:
     # ------------------------------------------------------------------ answering
     def answer(self, question: str, k: int = 5, mode: str = "graph",
                generator: GeneratorConfig | Any | None = None,
-               config: RetrievalConfig | None = None) -> Answer:
+               config: RetrievalConfig | None = None, question_date: Any = None,
+               as_of: Any = None) -> Answer:
         """Retrieve ``k`` passages, build cited context and let ``generator`` answer.
 
         ``generator`` is a :class:`GeneratorConfig` (``none`` by default: the context only) or
@@ -299,15 +300,19 @@ class HipGraph:
         """
         if not isinstance(question, str):
             raise ConfigError(f"question must be a string, got {type(question).__name__}")
-        return self.answer_many([question], k=k, mode=mode, generator=generator, config=config)[0]
+        return self.answer_many([question], k=k, mode=mode, generator=generator, config=config,
+                                question_dates=None if question_date is None else [question_date],
+                                as_of=as_of)[0]
 
     def answer_many(self, questions: Sequence[str], k: int = 5, mode: str = "graph",
                     generator: GeneratorConfig | Any | None = None,
-                    config: RetrievalConfig | None = None) -> list[Answer]:
+                    config: RetrievalConfig | None = None, question_dates: Sequence[Any] | None = None,
+                    as_of: Any = None) -> list[Answer]:
         """:meth:`answer` for many questions: one retrieval batch, one generator batch."""
         from hipgraph.generation.answer import compose  # noqa: PLC0415
 
-        hits = self.retrieve_many(questions, k=k, mode=mode, config=config)
+        hits = self.retrieve_many(questions, k=k, mode=mode, config=config,
+                                  question_dates=question_dates, as_of=as_of)
         gen_config = generator if isinstance(generator, GeneratorConfig) else GeneratorConfig()
         return compose(list(questions), hits, self._generator(generator), gen_config)
 

@@ -450,8 +450,10 @@ def _eval_memory(args: argparse.Namespace) -> int:
     if unknown or not modes:
         raise InputError(f"unknown mode(s) {unknown or modes}; available: {', '.join(_modes())}")
     with _progress_bar(len(questions), args.quiet, "questions") as bar:
+        generator = _generator_config(args) if args.qa else None
         results, index_seconds = evaluate_memory(args.db, convs, questions, modes, cutoffs,
-                                                 config=_retrieval_config(args), progress=bar.update)
+                                                 config=_retrieval_config(args), progress=bar.update,
+                                                 generator=generator, answer_k=args.answer_k)
     out = {"file": str(args.bundle), "questions": len(questions), "index_seconds": index_seconds,
            "results": [r.to_dict() for r in results]}
     if args.json:
@@ -463,6 +465,10 @@ def _eval_memory(args: argparse.Namespace) -> int:
     print("mode        " + "".join(f"  R@{k:<4d}" for k in cutoffs) + "   ms/q")
     for r in results:
         print(f"{r.mode:11s} " + "".join(f"  {r.recall[k]:6.2f}" for k in cutoffs) + f"  {r.ms_per_query:6.1f}")
+        if r.qa:
+            print(f"  answers: EM {r.qa['exact_match']:.2f}  F1 {r.qa['f1']:.2f}  abstained "
+                  f"{r.qa['abstention_rate']:.2f}% (n={r.qa['questions']}); adversarial abstained "
+                  f"{r.qa['adversarial_abstained']:.2f}%")
         for c, rec in r.by_category.items():
             print(f"  {c[:12]:12s}" + "".join(f"  {rec[k]:6.2f}" for k in cutoffs) + f"   (n={r.counts[c]})")
     return 0

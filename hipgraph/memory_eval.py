@@ -34,10 +34,11 @@ class MemoryResult:
     by_category: dict[str, dict[int, float]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     ms_per_query: float = 0.0
+    qa: dict[str, float] = field(default_factory=dict)  # with a generator: EM, F1, abstentions
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, **{f"recall@{k}": v for k, v in self.recall.items()},
-                "ms_per_query": self.ms_per_query,
+                "ms_per_query": self.ms_per_query, **({"qa": dict(self.qa)} if self.qa else {}),
                 "by_category": {c: {"questions": self.counts[c], **{f"recall@{k}": v for k, v in r.items()}}
                                 for c, r in self.by_category.items()}}
 
@@ -51,9 +52,13 @@ def evidence_recall(evidence: Sequence[str], turns: Sequence[Sequence[str]], k: 
 def evaluate_memory(root: Path, conversations: Sequence[Conversation], questions: Sequence[dict[str, Any]],
                     modes: Sequence[str], cutoffs: Sequence[int], config: RetrievalConfig | None = None,
                     open_index: Callable[..., Any] | None = None, progress: Callable[[int], None] | None = None,
+                    generator: Any = None, answer_k: int = 5,
                     ) -> tuple[list[MemoryResult], dict[str, float]]:
     """Evidence recall@k of each mode (and the turn-dense baseline); also the seconds spent
-    indexing each conversation that had to be indexed."""
+    indexing each conversation that had to be indexed. With ``generator`` (a GeneratorConfig),
+    each mode also answers from its top ``answer_k`` units: exact match and token F1 over the
+    questions with an answer (adversarial ones excluded), and how often the generator abstained
+    on the adversarial (unanswerable) ones."""
     import hipgraph  # noqa: PLC0415
 
     open_index = open_index or hipgraph.open
@@ -63,6 +68,7 @@ def evaluate_memory(root: Path, conversations: Sequence[Conversation], questions
         if q.get("evidence"):
             by_conv.setdefault(q["conversation"], []).append(q)
     ranked: dict[str, list[list[list[str]]]] = {m: [] for m in [*modes, BASELINE]}
+    answers: dict[str, list[Any]] = {m: [] for m in modes}
     spent: dict[str, float] = {m: 0.0 for m in ranked}
     scored: list[dict[str, Any]] = []
     index_seconds: dict[str, float] = {}
@@ -83,6 +89,9 @@ def evaluate_memory(root: Path, conversations: Sequence[Conversation], questions
                 hits = hg.retrieve_many(texts, k=depth, mode=mode, config=config, question_dates=dates)
                 spent[mode] += time.perf_counter() - t0
                 ranked[mode].extend([list(h.turn_ids) for h in hs] for hs in hits)
+                if generator is not None:
+                    answers[mode].extend(hg.answer_many(texts, k=answer_k, mode=mode, generator=generator,
+                                                        config=config, question_dates=dates))
             t0 = time.perf_counter()
             ranked[BASELINE].extend(_turn_dense(hg.embedder, conv, texts, depth))
             spent[BASELINE] += time.perf_counter() - t0
@@ -101,8 +110,24 @@ def evaluate_memory(root: Path, conversations: Sequence[Conversation], questions
             for g in sorted(groups):
                 res.by_category.setdefault(g, {})[k] = round(100 * sum(per_q[i] for i in groups[g]) / len(groups[g]), 2)
                 res.counts[g] = len(groups[g])
+        if answers.get(mode):
+            res.qa = _qa_scores(scored, answers[mode])
         results.append(res)
     return results, index_seconds
+
+
+def _qa_scores(questions: Sequence[dict[str, Any]], answers: Sequence[Any]) -> dict[str, float]:
+    from hipgraph.evaluation import exact_match, token_f1  # noqa: PLC0415
+
+    answerable = [(q, a) for q, a in zip(questions, answers, strict=True)
+                  if q.get("answer") and q.get("category") != "adversarial"]
+    adversarial = [a for q, a in zip(questions, answers, strict=True) if q.get("category") == "adversarial"]
+    n = max(1, len(answerable))
+    return {"questions": len(answerable),
+            "exact_match": round(100 * sum(exact_match(a.text, [q["answer"]]) for q, a in answerable) / n, 2),
+            "f1": round(100 * sum(token_f1(a.text, [q["answer"]]) for q, a in answerable) / n, 2),
+            "abstention_rate": round(100 * sum(a.abstained for _, a in answerable) / n, 2),
+            "adversarial_abstained": round(100 * sum(a.abstained for a in adversarial) / max(1, len(adversarial)), 2)}
 
 
 def _turn_dense(embedder, conv: Conversation, questions: list[str], depth: int) -> list[list[list[str]]]:

@@ -335,3 +335,40 @@ def test_speakers_are_entities_and_fact_keys_embed_the_facts(make_index, embedde
     stored = hg.store.con.execute("SELECT vec FROM passage_vectors WHERE id = ?", [pid]).fetchall()[0][0]
     plain, keyed = embedder.embed([f"{title}\n{text}", f"{title}\n{text}\nFacts: " + "; ".join(facts)])
     assert float(np.dot(stored, keyed)) > 0.999 > float(np.dot(stored, plain))
+
+
+def test_memory_eval_scores_answers_through_a_local_server(tmp_path, embedder):
+    import hipgraph
+    from conftest import index_config
+
+    from hipgraph.config import ChatConfig, GeneratorConfig
+
+    try:
+        from tests.openai_server import ScriptedOpenAIServer
+    except ImportError:
+        from openai_server import ScriptedOpenAIServer
+
+    conv = to_conversation(_conversation())
+    questions = [
+        {"id": "q1", "question": "How long did the fresh pasta boil?", "answer": "three minutes",
+         "evidence": ["S2:5"], "category": "single-hop", "conversation": "ana-ben", "question_date": "2023-08-01"},
+        {"id": "q2", "question": "What did Ana say about Mars?", "answer": "", "evidence": ["S2:1"],
+         "category": "adversarial", "conversation": "ana-ben", "question_date": None}]
+
+    def reply(body):
+        user = body["messages"][-1]["content"]
+        if "pasta" in user.rsplit("Question:", 1)[-1]:
+            assert "20 May 2023" in user  # the unit's session date is in the context
+            return json.dumps({"answer": "Only three minutes", "citations": [1], "sufficient": True})
+        return json.dumps({"answer": "", "citations": [], "sufficient": False})
+
+    def open_index(path, create):
+        return hipgraph.open(path, create=create, embedder=embedder, config=index_config())
+
+    with ScriptedOpenAIServer(chat_handler=reply) as srv:
+        gen = GeneratorConfig(name="openai", chat=ChatConfig(base_url=srv.base_url, model="m", max_retries=0))
+        results, _ = evaluate_memory(tmp_path / "mem", [conv], questions, ["graph"], [5],
+                                     open_index=open_index, generator=gen)
+    qa = {r.mode: r.qa for r in results}["graph"]
+    assert qa["questions"] == 1 and qa["exact_match"] == 0.0 and qa["f1"] == pytest.approx(80.0)
+    assert qa["adversarial_abstained"] == 100.0 and qa["abstention_rate"] == 0.0

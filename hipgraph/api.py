@@ -152,7 +152,7 @@ class HipGraph:
         return report
 
     def add_conversation(self, conversation: Conversation | Mapping[str, Any], *,
-                         config: ConversationConfig | None = None,
+                         config: ConversationConfig | None = None, llm: ChatConfig | None = None,
                          progress: Progress | None = None) -> IndexReport:
         """Remember a conversation: ``{"id", "speakers"?, "sessions": [{"id", "time", "turns":
         [{"speaker", "text", "id"?, "time"?}]}]}`` or a :class:`Conversation`.
@@ -161,11 +161,13 @@ class HipGraph:
         (topical segments by default; ``config`` overrides the index's
         :class:`ConversationConfig`); re-adding an unchanged session is a no-op, a new session is
         added, a changed one replaced. Hits from it carry ``turn_ids``, ``session`` and ``time``.
+        With ``llm`` (an endpoint), the model places the topical segment boundaries (prompt
+        ``segment``); a session it cannot segment falls back to embeddings, noted in the report.
         """
-        return self.add_conversations([conversation], config=config, progress=progress)
+        return self.add_conversations([conversation], config=config, llm=llm, progress=progress)
 
     def add_conversations(self, conversations: Iterable[Conversation | Mapping[str, Any]], *,
-                          config: ConversationConfig | None = None,
+                          config: ConversationConfig | None = None, llm: ChatConfig | None = None,
                           progress: Progress | None = None) -> IndexReport:
         """:meth:`add_conversation` for many (one segmentation embedding call, batched writes)."""
         from hipgraph.indexers.conversations import conversation_documents, to_conversation  # noqa: PLC0415
@@ -173,8 +175,13 @@ class HipGraph:
         if self.store.read_only:
             raise StoreError(f"index {self.path} is open read-only")
         convs = [to_conversation(c, f"conversations[{i}]") for i, c in enumerate(conversations)]
-        docs = conversation_documents(convs, self.embedder, config or self.config.conversation)
-        return self.add_documents(docs, progress=progress)
+        warnings: list[str] = []
+        docs = conversation_documents(convs, self.embedder, config or self.config.conversation,
+                                      llm=self.chat_client(llm) if llm is not None else None,
+                                      warnings=warnings)
+        report = self.add_documents(docs, progress=progress)
+        report.warnings[:0] = warnings
+        return report
 
     def delete_conversation(self, conversation_id: str, session_ids: Sequence[str] | None = None) -> IndexReport:
         """Forget a conversation, or only its sessions ``session_ids``: what only they produced

@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "JSON/JSONL), locomo, longmemeval")
     p.add_argument("--granularity", choices=("segment", "turn", "session"), default=None,
                    help="conversations: memory units (default segment: topical segments)")
+    p.add_argument("--llm-segments", action="store_true",
+                   help="conversations: the LLM (--llm-base-url/--llm-model) places segment boundaries")
     p.add_argument("--extractor", default=None,
                    help="spacy (default) | llm | precomputed:FILE (HippoRAG OpenIE JSON)")
     p.add_argument("--id-field", default="id")
@@ -259,6 +261,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def _index_conversations(args: argparse.Namespace) -> int:
     import hipgraph  # noqa: PLC0415
+    from hipgraph.config import ChatConfig  # noqa: PLC0415
     from hipgraph.indexers.conversations import read_conversation_file  # noqa: PLC0415
     from hipgraph.store.database import GraphStore  # noqa: PLC0415
 
@@ -274,8 +277,16 @@ def _index_conversations(args: argparse.Namespace) -> int:
         if args.granularity:
             conv_cfg = dataclasses.replace(conv_cfg, granularity=args.granularity)
         sessions = sum(len(c.sessions) for c in convs)
+        llm = None
+        if args.llm_segments:
+            if not args.llm_base_url or not args.llm_model:
+                raise InputError("--llm-segments needs --llm-base-url and --llm-model")
+            llm = ChatConfig(base_url=args.llm_base_url, model=args.llm_model,
+                             api_key_env=args.llm_api_key_env, max_concurrency=args.llm_concurrency)
         with _progress_bar(sessions, args.quiet, "sessions") as bar:
-            report = hg.add_conversations(convs, config=conv_cfg, progress=bar.update)
+            report = hg.add_conversations(convs, config=conv_cfg, llm=llm, progress=bar.update)
+    for warning in report.warnings:
+        logger.warning("%s", warning)
         stats = hg.stats()
     elapsed = time.perf_counter() - t0
     if args.json:

@@ -338,9 +338,9 @@ def test_speakers_are_entities_and_fact_keys_embed_the_facts(make_index, embedde
 
 
 def test_memory_eval_scores_answers_through_a_local_server(tmp_path, embedder):
-    import hipgraph
     from conftest import index_config
 
+    import hipgraph
     from hipgraph.config import ChatConfig, GeneratorConfig
 
     try:
@@ -372,3 +372,37 @@ def test_memory_eval_scores_answers_through_a_local_server(tmp_path, embedder):
     qa = {r.mode: r.qa for r in results}["graph"]
     assert qa["questions"] == 1 and qa["exact_match"] == 0.0 and qa["f1"] == pytest.approx(80.0)
     assert qa["adversarial_abstained"] == 100.0 and qa["abstention_rate"] == 0.0
+
+
+def test_llm_places_segment_boundaries_and_failures_fall_back(make_index):
+    from hipgraph.config import ChatConfig
+    from hipgraph.indexers.segmentation import parse_boundaries
+
+    try:
+        from tests.openai_server import ScriptedOpenAIServer
+    except ImportError:
+        from openai_server import ScriptedOpenAIServer
+
+    def reply(body):
+        turns = body["messages"][-1]["content"]
+        if "football" in turns:  # session 2: cooking, then football from turn 7
+            assert "7. Ana: By the way, did you watch the football match on Sunday?" in turns
+            return json.dumps({"boundaries": [7]})
+        return "no idea"  # sessions 1 and 3: unusable replies
+
+    hg = make_index("llmseg")
+    with ScriptedOpenAIServer(chat_handler=reply) as srv:
+        report = hg.add_conversation(_conversation(), llm=ChatConfig(base_url=srv.base_url, model="m",
+                                                                        max_retries=0))
+    spans = {k: json.loads(m)["units"] for k, m in hg.store.con.execute(
+        "SELECT key, metadata FROM documents").fetchall()}
+    meta = json.loads(hg.store.con.execute(
+        "SELECT metadata FROM documents WHERE key = 'ana-ben#2'").fetchall()[0][0])
+    starts = [t[2] for t in meta["turns"]]
+    assert [s for s, _ in spans["ana-ben#2"]] == [starts[0], starts[6]]  # exactly the LLM's cut
+    assert sum("LLM segmentation failed" in w for w in report.warnings) == 2
+    assert spans["ana-ben#1"] and spans["ana-ben#3"]  # segmented from embeddings instead
+    assert parse_boundaries('{"boundaries": [3, 2, 3]}', 5) == [1, 2]
+    for bad in ('{"boundaries": [1]}', '{"boundaries": [9]}', '{"cuts": []}', '{"boundaries": ["2"]}'):
+        with pytest.raises(ValueError):
+            parse_boundaries(bad, 5)

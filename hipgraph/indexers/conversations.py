@@ -310,24 +310,35 @@ def unit_times(metadata: Mapping[str, Any], start: int, end: int) -> tuple[str, 
     return (min(times), max(times)) if times else (session, session)
 
 
-def conversation_documents(conversations: Sequence[Conversation], embedder, cfg) -> list[Document]:
+def conversation_documents(conversations: Sequence[Conversation], embedder, cfg, llm=None,
+                           warnings: list[str] | None = None) -> list[Document]:
     """The session documents of ``conversations``, cut into memory units per ``cfg``
-    (:class:`~hipgraph.config.ConversationConfig`); segment boundaries come from one embedding
-    call over every turn of every session."""
-    from hipgraph.indexers.segmentation import segment  # noqa: PLC0415
+    (:class:`~hipgraph.config.ConversationConfig`). Segment boundaries come from one embedding
+    call over every turn of every session, or from ``llm`` (a chat client) when given; a session
+    the LLM could not segment falls back to the embeddings, with a line in ``warnings``."""
+    from hipgraph.indexers.segmentation import llm_segments, segment  # noqa: PLC0415
 
     sessions = [(c, s) for c in conversations for s in c.sessions]
+    lines = [[f"{t.speaker}: {t.text}" for t in s.turns] for _, s in sessions]
+    by_llm: list = [None] * len(sessions)
+    if cfg.granularity == "segment" and llm is not None:
+        by_llm = llm_segments(llm, lines, cfg)
     vectors = None
-    if cfg.granularity == "segment":
-        lines = [f"{t.speaker}: {t.text}" for _, s in sessions for t in s.turns]
-        vectors = embedder.embed(lines) if lines else None
+    if cfg.granularity == "segment" and any(not isinstance(u, list) for u in by_llm):
+        flat = [line for i, ls in enumerate(lines) if not isinstance(by_llm[i], list) for line in ls]
+        vectors = embedder.embed(flat) if flat else None
     docs, pos = [], 0
-    for conv, session in sessions:
+    for i, (conv, session) in enumerate(sessions):
         n = len(session.turns)
-        if vectors is not None:
+        if isinstance(by_llm[i], list):
+            units = by_llm[i]
+        elif cfg.granularity == "segment":
+            if isinstance(by_llm[i], str) and warnings is not None:
+                warnings.append(f"session {session_key(conv.id, session.id)}: LLM segmentation failed "
+                                f"({by_llm[i]}); used embeddings")
             units = segment(vectors[pos: pos + n], cfg)
+            pos += n
         else:
-            units = [(i, i + 1) for i in range(n)] if cfg.granularity == "turn" else [(0, n)]
-        pos += n
+            units = [(j, j + 1) for j in range(n)] if cfg.granularity == "turn" else [(0, n)]
         docs.append(session_document(conv, session, units, cfg.granularity, cfg.time_in_key))
     return docs

@@ -82,3 +82,49 @@ def _split_long(lo: int, hi: int, depth: np.ndarray, cfg: ConversationConfig) ->
         return [(lo, hi)]
     cut = max(inner, key=lambda c: (depth[c - 1], -abs(c - (lo + hi) / 2)))
     return _split_long(lo, cut, depth, cfg) + _split_long(cut, hi, depth, cfg)
+
+
+def parse_boundaries(reply: str, n: int) -> list[int]:
+    """Turn positions (0-based) that start a segment, from a ``{"boundaries": [...]}`` reply with
+    1-based turn numbers; ``ValueError`` naming the fault."""
+    from hipgraph.indexers.extract_llm import parse_json_reply  # noqa: PLC0415
+
+    data = parse_json_reply(reply)
+    if not isinstance(data, dict) or not isinstance(data.get("boundaries"), list):
+        raise ValueError('expected {"boundaries": [turn numbers]}')
+    out = []
+    for b in data["boundaries"]:
+        if isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= n:
+            raise ValueError(f"boundary {b!r} is not a turn number in 2..{n}")
+        out.append(b - 1)
+    return sorted(set(out))
+
+
+def llm_segments(client, sessions_lines: list[list[str]], cfg: ConversationConfig
+                 ) -> list[list[tuple[int, int]] | str]:
+    """Per session: turn ranges from the LLM's boundaries (pieces over ``max_turns`` are cut
+    evenly), or the reason it failed (the caller falls back to TextTiling)."""
+    from hipgraph.errors import LLMError  # noqa: PLC0415
+    from hipgraph.prompts import load_prompt  # noqa: PLC0415
+
+    prompt = load_prompt("segment")
+    batch = [prompt.render(turns="\n".join(f"{i}. {line}" for i, line in enumerate(lines, start=1)))
+             for lines in sessions_lines]
+    replies = client.complete_many(batch, json_mode=True, return_exceptions=True)
+    out: list[list[tuple[int, int]] | str] = []
+    for lines, reply in zip(sessions_lines, replies, strict=True):
+        n = len(lines)
+        try:
+            if isinstance(reply, LLMError):
+                raise ValueError(f"request failed: {reply}")
+            cuts = parse_boundaries(reply.text, n)
+        except ValueError as exc:
+            out.append(str(exc))
+            continue
+        bounds = [0, *cuts, n]
+        units: list[tuple[int, int]] = []
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
+            step = cfg.max_turns
+            units.extend((a, min(a + step, hi)) for a in range(lo, hi, step))
+        out.append(units)
+    return out

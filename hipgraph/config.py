@@ -386,7 +386,9 @@ class ConversationConfig:
     than ``min_turns`` turns, and one longer than ``max_turns`` is cut at its deepest gap.
     ``time_in_key`` puts the session date in each unit's title, which is embedded with its text
     (time-aware keys); ``fact_keys`` appends the facts extracted from a unit to the text it is
-    embedded as (fact-augmented keys). With an LLM passed to ``add_conversation(llm=...)``, the
+    embedded as (fact-augmented keys); ``compress_keys`` drops filler lines ("Wow, sounds
+    great!") from the embedded text (extractive compression; the stored text stays whole). With an
+    LLM passed to ``add_conversation(llm=...)``, the
     model places the boundaries instead (pieces longer than ``max_turns`` are cut evenly).
     """
 
@@ -398,6 +400,7 @@ class ConversationConfig:
     max_turns: int = 8
     time_in_key: bool = True
     fact_keys: bool = False  # measured on LoCoMo: +0.4 R@5 graph, -0.8 dense with spaCy facts
+    compress_keys: bool = False
 
     def __post_init__(self) -> None:
         _check(self.granularity in {"segment", "turn", "session"},

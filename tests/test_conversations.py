@@ -406,3 +406,12 @@ def test_llm_places_segment_boundaries_and_failures_fall_back(make_index):
     for bad in ('{"boundaries": [1]}', '{"boundaries": [9]}', '{"cuts": []}', '{"boundaries": ["2"]}'):
         with pytest.raises(ValueError):
             parse_boundaries(bad, 5)
+
+
+def test_extractive_key_compression_drops_filler_lines():
+    from hipgraph.indexers.conversations import compress_key
+
+    text = ("Caroline: Wow, that sounds great!\nMelanie: I ran a charity race for mental health last "
+            "Saturday.\nCaroline: Thanks so much!")
+    assert compress_key(text) == "Melanie: I ran a charity race for mental health last Saturday."
+    assert compress_key("Ana: Wow!\nBen: Thanks!") == "Ana: Wow!\nBen: Thanks!"  # never empty

@@ -297,6 +297,29 @@ def resolve_speakers(text: str) -> str:
     return "\n".join(out)
 
 
+_FILLER = frozenset([
+    "wow", "yeah", "yes", "yep", "haha", "lol", "awesome", "cool", "great", "nice", "thanks",
+    "thank", "hey", "hi", "hello", "omg", "totally", "really", "glad", "sure", "okay", "yay",
+    "amazing", "love", "lovely", "good", "happy", "fun", "super", "sounds", "wonderful",
+    "fantastic", "definitely", "absolutely", "agree", "true", "right", "course"
+])
+
+
+def compress_key(text: str) -> str:
+    """Extractive compression of a unit's key text: ``Speaker: ...`` lines with fewer than two
+    content words (not stop words, not filler such as "wow", "thanks", "sounds great") are
+    dropped; a unit that would lose every line is kept whole."""
+    from spacy.lang.en.stop_words import STOP_WORDS  # noqa: PLC0415 - a word list, no model
+
+    kept = []
+    for line in text.split("\n"):
+        said = line.partition(": ")[2] or line
+        words = [w for w in re.findall(r"[a-z]{3,}", said.lower()) if w not in STOP_WORDS and w not in _FILLER]
+        if len(words) >= 2:
+            kept.append(line)
+    return "\n".join(kept) if kept else text
+
+
 def unit_turns(metadata: Mapping[str, Any], start: int, end: int) -> list[str]:
     """Ids of the turns whose lines overlap the character span ``[start, end)``."""
     return [t[0] for t in metadata.get("turns", []) if t[2] < end and t[3] > start]

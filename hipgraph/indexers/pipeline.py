@@ -25,7 +25,7 @@ import pyarrow as pa
 from hipgraph.config import IndexConfig
 from hipgraph.errors import InputError
 from hipgraph.indexers.chunking import chunk_document
-from hipgraph.indexers.conversations import SESSION_KIND, resolve_speakers
+from hipgraph.indexers.conversations import SESSION_KIND, compress_key, resolve_speakers
 from hipgraph.indexers.documents import SkippedRecord, content_hash, text_hash, to_document
 from hipgraph.indexers.extract_base import Extractor
 from hipgraph.indexers.extract_spacy import COOCCURS
@@ -244,11 +244,17 @@ class Indexer:
             progress(seen)
 
     def _key_texts(self, batch: _Batch) -> list[str]:
-        """What each passage is embedded as: title and text; a conversation unit also with the
-        facts extracted from it (fact-augmented keys) when ``conversation.fact_keys`` is on."""
+        """What each passage is embedded as: title and text; a conversation unit's text without
+        filler lines when ``conversation.compress_keys`` is on, and followed by the facts
+        extracted from it (fact-augmented keys) when ``conversation.fact_keys`` is on."""
         prepend = self.config.chunk.prepend_title
-        texts = [passage_embedding_text(c, prepend) for c in batch.chunks]
-        if not self.config.conversation.fact_keys:
+        conv = self.config.conversation
+        texts = []
+        for ci, chunk in enumerate(batch.chunks):
+            if conv.compress_keys and batch.docs[batch.chunk_doc[ci]].metadata.get("kind") == SESSION_KIND:
+                chunk = dataclasses.replace(chunk, text=compress_key(chunk.text))
+            texts.append(passage_embedding_text(chunk, prepend))
+        if not conv.fact_keys:
             return texts
         facts: dict[int, list[str]] = {}
         for ci, subj, rel, obj, kind in batch.facts:

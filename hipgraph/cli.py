@@ -285,9 +285,9 @@ def _index_conversations(args: argparse.Namespace) -> int:
                              api_key_env=args.llm_api_key_env, max_concurrency=args.llm_concurrency)
         with _progress_bar(sessions, args.quiet, "sessions") as bar:
             report = hg.add_conversations(convs, config=conv_cfg, llm=llm, progress=bar.update)
+        stats = hg.stats()
     for warning in report.warnings:
         logger.warning("%s", warning)
-        stats = hg.stats()
     elapsed = time.perf_counter() - t0
     if args.json:
         print(json.dumps({"conversations": len(convs), "report": report.to_dict(), "stats": stats,

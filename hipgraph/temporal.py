@@ -7,8 +7,9 @@
 :func:`resolve_range` finds time expressions in a question and resolves them against the question
 date into a half-open range ``[start, end)``: "yesterday", "last week/month/year", "this month",
 "N days/weeks/months/years ago", "last May", "in May 2023", "in 2023", "on 8 May 2023", "since
-2022", "before June 2023". Expressions relative to events ("two weeks before the trip") have no
-fixed date and resolve to nothing; retrieval then ranks by content alone.
+2022", "before June 2023". Expressions anchored on events ("two weeks before the trip", "the day
+after my graduation") are found by :func:`event_relative`; retrieval looks the event up in memory
+and resolves the range around its time.
 """
 
 from __future__ import annotations
@@ -148,6 +149,48 @@ def resolve_range(question: str, question_date: datetime | None) -> TimeRange | 
             start, end = _EARLIEST, (start if word == "before" else end)
         return TimeRange(start, end, m.group(0).strip())
     return None
+
+
+_UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
+_EVENT = re.compile(
+    rf"\b(?:(?:the\s+)?({_NUM_RE})\s+({_UNIT_RE})s?|the\s+({_UNIT_RE}))?\s*\b(before|after)\s+"
+    r"((?:the|my|our|his|her|their|a|an)\s+[a-z][\w' -]{2,40}?)(?=[?.,;]|$|\s+(?:and|or|when|did|was|is)\b)",
+    re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class EventRelative:
+    """A time expression anchored on an event: "two weeks before the trip"."""
+
+    event: str  # "the trip": looked up in memory for its time
+    direction: int  # -1 before, +1 after
+    offset_days: int  # 0 when only "before/after the event" is said
+    expression: str
+
+    def resolve(self, anchor: datetime) -> TimeRange:
+        """The range given the event's time: around the shifted day, or everything before/after."""
+        if self.offset_days == 0:
+            if self.direction < 0:
+                return TimeRange(_EARLIEST, anchor, self.expression)
+            return TimeRange(anchor, _LATEST, self.expression)
+        center = anchor + timedelta(days=self.direction * self.offset_days)
+        half = timedelta(days=max(1, self.offset_days // 2))
+        return TimeRange(center - half, center + half, self.expression)
+
+
+def event_relative(question: str) -> EventRelative | None:
+    """The event-anchored time expression of a question, if any (see :class:`EventRelative`)."""
+    m = _EVENT.search(question)
+    if m is None:
+        return None
+    n, unit, bare_unit, word, event = m.groups()
+    if unit:
+        days = _number(n) * _UNIT_DAYS[unit.lower()]
+    elif bare_unit:
+        days = _UNIT_DAYS[bare_unit.lower()]
+    else:
+        days = 0
+    return EventRelative(event.strip(), -1 if word.lower() == "before" else 1, days, m.group(0).strip())
 
 
 def _resolve(kind: str, m: re.Match[str], now: datetime) -> tuple[datetime, datetime] | None:

@@ -415,3 +415,26 @@ def test_extractive_key_compression_drops_filler_lines():
             "Saturday.\nCaroline: Thanks so much!")
     assert compress_key(text) == "Melanie: I ran a charity race for mental health last Saturday."
     assert compress_key("Ana: Wow!\nBen: Thanks!") == "Ana: Wow!\nBen: Thanks!"  # never empty
+
+
+def test_event_anchored_time_expressions_resolve_through_memory(make_index):
+    from hipgraph.temporal import event_relative
+
+    ev = event_relative("What did Ana buy two weeks before the trip?")
+    assert (ev.event, ev.direction, ev.offset_days) == ("the trip", -1, 14)
+    span = ev.resolve(datetime(2023, 6, 10))
+    assert span.start == datetime(2023, 5, 20) and span.end == datetime(2023, 6, 3)
+    assert event_relative("When did Melanie paint a sunrise?") is None
+    hg = make_index("events")
+    hg.add_conversation({"id": "trip", "speakers": ["Ana", "Ben"], "sessions": [
+        {"id": "1", "time": "2023-03-01 10:00", "turns": [
+            {"speaker": "Ana", "text": "I bought a new camera for my photos."},
+            {"speaker": "Ben", "text": "Show me the pictures soon."}]},
+        {"id": "2", "time": "2023-05-27 10:00", "turns": [
+            {"speaker": "Ana", "text": "I bought hiking boots today."},
+            {"speaker": "Ben", "text": "Good boots matter."}]},
+        {"id": "3", "time": "2023-06-10 10:00", "turns": [
+            {"speaker": "Ana", "text": "Tomorrow we finally leave for the trip to Japan!"},
+            {"speaker": "Ben", "text": "Have a safe flight."}]}]})
+    hits = hg.retrieve("What did Ana buy two weeks before the trip?", k=3, question_date="2023-08-01")
+    assert hits[0].session == "2" and hits[0].why["time_match"] == "two weeks before the trip"

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import json
 import logging
+import re
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from hipgraph.query.snapshot import GraphSnapshot, current_snapshot
 from hipgraph.query.validity import FactTime, fact_times, fact_weights
 from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
-from hipgraph.temporal import parse_time, resolve_range
+from hipgraph.temporal import TimeRange, event_relative, parse_time, resolve_range
 from hipgraph.types import Hit
 
 if TYPE_CHECKING:
@@ -195,9 +196,28 @@ class Retriever:
                 when = [(as_of_t, asks_about_past(q, d or as_of_t)) for q, d in zip(questions, dates, strict=True)]
             rankings = self.rank(questions, depth, mode, cfg, when=when)
             if times:  # conversation memory: time expressions and as_of
-                rankings = [apply_time(r, times, resolve_range(q, d or as_of_t), as_of_t, cfg.time_mode)
-                            for r, q, d in zip(rankings, questions, dates, strict=True)]
+                spans = [resolve_range(q, d or as_of_t) for q, d in zip(questions, dates, strict=True)]
+                self._event_spans(questions, spans, times)
+                rankings = [apply_time(r, times, span, as_of_t, cfg.time_mode)
+                            for r, span in zip(rankings, spans, strict=True)]
             return to_hits(self.store, rankings, k)
+
+    def _event_spans(self, questions: list[str], spans: list[TimeRange | None],
+                     times: dict[int, tuple[datetime, datetime]]) -> None:
+        """Fill the spans of questions anchored on an event ("two weeks before the trip"): the
+        event (with the question's names) is looked up among the memory units by embedding, and
+        the best unit's time anchors the range."""
+        todo = [(i, ev) for i, (q, span) in enumerate(zip(questions, spans, strict=True))
+                if span is None and (ev := event_relative(q)) is not None]
+        if not todo:
+            return
+        names = [" ".join(re.findall(r"\b[A-Z][\w'-]+", questions[i][1:])) for i, _ in todo]
+        vecs = self._embedder().embed([f"{n} {ev.event}".strip() for (_, ev), n in zip(todo, names, strict=True)])
+        _, ids = self.vectors.search("passage", vecs, 10)
+        for (i, ev), row in zip(todo, ids, strict=True):
+            anchor = next((times[int(p)][0] for p in row if int(p) in times), None)
+            if anchor is not None:
+                spans[i] = ev.resolve(anchor)
 
     def _unit_times(self) -> dict[int, tuple[datetime, datetime]]:
         """Time span of every conversation memory unit (read once per index generation)."""

@@ -154,6 +154,7 @@ class Hit:
     why: dict[str, Any] = field(default_factory=dict)
     # conversation memory: the turns the unit covers, its conversation, session and time span
     turn_ids: tuple[str, ...] = ()
+    speakers: tuple[str, ...] = ()
     conversation: str = ""
     session: str = ""
     time: str = ""  # ISO 8601 start of the unit ("" outside conversations)
@@ -163,7 +164,8 @@ class Hit:
         out = {"doc_id": self.doc_id, "passage_id": self.passage_id, "title": self.title,
                "text": self.text, "score": self.score, "rank": self.rank, "why": self.why}
         if self.turn_ids:
-            out.update({"turn_ids": list(self.turn_ids), "conversation": self.conversation,
+            out.update({"turn_ids": list(self.turn_ids), "speakers": list(self.speakers),
+                        "conversation": self.conversation,
                         "session": self.session, "time": self.time, "time_end": self.time_end})
         return out
 

@@ -125,6 +125,7 @@ def test_conversation_memory_hits_time_and_as_of(make_index):
     top = hits[0]
     assert top.conversation == "ana-ben" and top.session == "2" and "S2:5" in top.turn_ids
     assert top.time == "2023-05-20T20:30:00" and top.title == "20 May 2023"
+    assert set(top.speakers) == {"Ana", "Ben"} and top.time_end == top.time
     assert set(top.turn_ids) <= {f"S2:{i}" for i in range(1, 13)}
     assert all(t.startswith("S2:") for t in top.turn_ids)
     assert top.to_dict()["turn_ids"] == list(top.turn_ids)
@@ -438,3 +439,23 @@ def test_event_anchored_time_expressions_resolve_through_memory(make_index):
             {"speaker": "Ben", "text": "Have a safe flight."}]}]})
     hits = hg.retrieve("What did Ana buy two weeks before the trip?", k=3, question_date="2023-08-01")
     assert hits[0].session == "2" and hits[0].why["time_match"] == "two weeks before the trip"
+
+
+
+def test_cli_eval_on_a_longmemeval_file(tmp_path):
+    lme = tmp_path / "lme.json"
+    lme.write_text(json.dumps([{
+        "question_id": "q1", "question_type": "temporal-reasoning", "question": "What did I buy last month?",
+        "answer": "a bike", "question_date": "2023/06/10 (Sat) 10:00",
+        "haystack_session_ids": ["s1", "s2"], "haystack_dates": ["2023/05/02 (Tue) 09:00", "2023/06/01 (Thu) 08:00"],
+        "haystack_sessions": [[{"role": "user", "content": "I bought a bike today.", "has_answer": True},
+                               {"role": "assistant", "content": "Congratulations on the new bike!"}],
+                              [{"role": "user", "content": "Any tips for growing tomatoes?"},
+                               {"role": "assistant", "content": "Water them in the morning."}]],
+        "answer_session_ids": ["s1"]}]))
+    out = json.loads(run_cli("eval", "--db", str(tmp_path / "ev"), "--format", "longmemeval", str(lme),
+                             "--modes", "graph", "--k", "1,2", "--json", check=True).stdout)
+    assert out["questions"] == 1 and set(out["index_seconds"]) == {"q1"}
+    graph = next(r for r in out["results"] if r["mode"] == "graph")
+    assert graph["recall@1"] == 100.0  # "last month" (May) puts the bike session first
+    assert graph["by_category"]["temporal-reasoning"]["questions"] == 1

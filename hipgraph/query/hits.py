@@ -38,7 +38,9 @@ def memory_rows(store: GraphStore, passage_ids: set[int]) -> dict[int, dict[str,
     for pid, start, end, raw in rows:
         meta = json.loads(raw) if isinstance(raw, str) else raw
         time, time_end = unit_times(meta, start, end)
+        turns = [t for t in meta.get("turns", []) if t[2] < end and t[3] > start]
         out[int(pid)] = {"turn_ids": tuple(unit_turns(meta, start, end)),
+                         "speakers": tuple(dict.fromkeys(t[1] for t in turns)),
                          "conversation": meta.get("conversation", ""), "session": meta.get("session", ""),
                          "time": time, "time_end": time_end}
     return out

@@ -26,7 +26,7 @@ from hipgraph.query.engine import MODES, Retriever
 from hipgraph.store.database import GraphStore
 from hipgraph.store.llm_cache import DuckDBResponseCache
 from hipgraph.store.vector_set import VectorSet
-from hipgraph.types import Answer, Conversation, Document, Fact, Hit, IndexReport
+from hipgraph.types import Answer, Conversation, Document, Fact, Hit, IndexReport, Stats
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +206,25 @@ class HipGraph:
     # ------------------------------------------------------------------ reading
     def stats(self) -> dict[str, Any]:
         """Counts: documents, passages, entities, facts and edges by type."""
-        return self.store.stats()
+        return Stats(self.store.stats())
+
+    def to_networkx(self, question: str | None = None, *, entities: Sequence[str] | None = None,
+                    hops: int = 1, k: int = 5, max_nodes: int = 300, config: RetrievalConfig | None = None):
+        """The graph as a ``networkx.Graph``: whole (no arguments), the ``hops``-neighbourhood of
+        named ``entities``, or a ``question``'s PPR subgraph (its seeds, top-``k`` passages and
+        their strongest paths, then the highest-mass nodes up to ``max_nodes``), with node
+        attributes ``kind``, ``label``, ``ppr``, ``seed``, ``retrieved`` and edge ``type``,
+        ``weight``, ``on_path`` (see :mod:`hipgraph.query.export`)."""
+        from hipgraph.query.export import graph_view, to_networkx  # noqa: PLC0415
+
+        return to_networkx(graph_view(self.retriever, question, entities, hops, k, max_nodes, config))
+
+    def to_igraph(self, question: str | None = None, *, entities: Sequence[str] | None = None,
+                  hops: int = 1, k: int = 5, max_nodes: int = 300, config: RetrievalConfig | None = None):
+        """:meth:`to_networkx` as an ``igraph.Graph`` (node keys in the ``name`` attribute)."""
+        from hipgraph.query.export import graph_view, to_igraph  # noqa: PLC0415
+
+        return to_igraph(graph_view(self.retriever, question, entities, hops, k, max_nodes, config))
 
     def facts(self, entity: str | None = None, *, as_of: Any = None, current_only: bool = False) -> list[Fact]:
         """Stored facts (subject, relation, object), those about ``entity`` (its name, any case)

@@ -160,6 +160,11 @@ class Hit:
     time: str = ""  # ISO 8601 start of the unit ("" outside conversations)
     time_end: str = ""
 
+    def _repr_html_(self) -> str:
+        from hipgraph.display import hits_html  # noqa: PLC0415
+
+        return hits_html([self])
+
     def to_dict(self) -> dict[str, Any]:
         out = {"doc_id": self.doc_id, "passage_id": self.passage_id, "title": self.title,
                "text": self.text, "score": self.score, "rank": self.rank, "why": self.why}
@@ -168,6 +173,24 @@ class Hit:
                         "conversation": self.conversation,
                         "session": self.session, "time": self.time, "time_end": self.time_end})
         return out
+
+
+class Hits(list):
+    """The hits of one question (a plain list that renders as a table in notebooks)."""
+
+    def _repr_html_(self) -> str:
+        from hipgraph.display import hits_html  # noqa: PLC0415
+
+        return hits_html(self)
+
+
+class Stats(dict):
+    """Index statistics (a plain dict that renders as a table in notebooks)."""
+
+    def _repr_html_(self) -> str:
+        from hipgraph.display import stats_html  # noqa: PLC0415
+
+        return stats_html(self)
 
 
 @dataclass(frozen=True)
@@ -187,6 +210,11 @@ class Answer:
     usage: dict[str, Any] = field(default_factory=dict)
     hits: list[Hit] = field(default_factory=list)
     generator: str = ""
+
+    def _repr_html_(self) -> str:
+        from hipgraph.display import answer_html  # noqa: PLC0415
+
+        return answer_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {"question": self.question, "answer": self.text, "abstained": self.abstained,

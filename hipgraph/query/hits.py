@@ -8,7 +8,7 @@ from typing import Any
 
 from hipgraph.indexers.conversations import SESSION_KIND, unit_times, unit_turns
 from hipgraph.store.database import GraphStore
-from hipgraph.types import Hit
+from hipgraph.types import Hit, Hits
 
 Ranked = list[tuple[int, float, dict[str, Any]]]  # (passage id, score, why), best first
 
@@ -53,7 +53,7 @@ def to_hits(store: GraphStore, rankings: Sequence[Ranked], k: int) -> list[list[
     memory = memory_rows(store, wanted)
     results: list[list[Hit]] = []
     for ranked in rankings:
-        hits: list[Hit] = []
+        hits: list[Hit] = Hits()
         for pid, score, why in ranked:
             if pid not in rows:
                 continue

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from hipgraph.api import HipGraph, open
+from hipgraph.api import RETRIEVAL_MODES, HipGraph, open
 from hipgraph.config import (
     ChatConfig,
     ChunkConfig,
+    ConversationConfig,
+    DecomposeConfig,
     EmbedderConfig,
+    ExpandConfig,
     ExtractorConfig,
     GeneratorConfig,
     GraphRetrievalConfig,
@@ -25,15 +28,16 @@ from hipgraph.errors import (
     InputError,
     SchemaVersionError,
 )
-from hipgraph.types import Answer, Document, Hit, IndexReport
+from hipgraph.types import Answer, Conversation, Document, Fact, Hit, IndexReport, Session, Turn
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Answer", "ChatConfig", "ChunkConfig", "ConfigError", "Document", "EmbedderConfig", "ExtractorConfig",
-    "GeneratorConfig", "GraphRetrievalConfig", "HipGraph", "HipgraphError", "Hit", "IndexConfig", "IndexLockedError",
-    "IndexNotFoundError", "IndexReport", "InputError", "RetrievalConfig", "SchemaVersionError",
-    "SynonymConfig", "VectorIndexConfig", "open",
+    "RETRIEVAL_MODES", "Answer", "ChatConfig", "ChunkConfig", "ConfigError", "Conversation", "ConversationConfig",
+    "DecomposeConfig", "Document", "EmbedderConfig", "ExpandConfig", "ExtractorConfig", "Fact", "GeneratorConfig",
+    "GraphRetrievalConfig", "HipGraph", "HipgraphError", "Hit", "IndexConfig", "IndexLockedError",
+    "IndexNotFoundError", "IndexReport", "InputError", "RetrievalConfig", "SchemaVersionError", "Session",
+    "SynonymConfig", "Turn", "VectorIndexConfig", "open",
 ]

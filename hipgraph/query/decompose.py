@@ -183,8 +183,7 @@ def _descriptions(doc) -> dict[int, tuple[int, int, str]]:
             lo += 1
         if lo == 0 and hi >= len(doc) - 1:
             continue  # the whole question
-        if any(t.lower_ in _WH and t.dep_ in {"det", "nsubj", "attr", "dobj", "pobj"}
-               and t.head.i in {tok.i, *(c.i for c in tok.children)} for t in doc[lo:hi]):
+        if any(t.lower_ in _WH and t.head.i == tok.i for t in doc[lo:hi]):
             continue  # "what amount of TEUs": the question's own focus, not a description
         out[tok.i] = (lo, hi, tok.lower_)
     return out

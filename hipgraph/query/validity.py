@@ -2,8 +2,8 @@
 
 A fact's ``valid_at`` is the earliest time of the conversation units that state it (facts from
 plain documents have none and are always valid). A later fact with the same subject and relation
-and a different object of the same type ("ana | live in | lisbon", then "ana | live in |
-berlin") contradicts it: the earlier fact gets ``invalid_at`` = the later one's ``valid_at`` and
+and a different named object of the same type ("ana | live in | lisbon", then "ana | live in |
+berlin": two places) contradicts it: the earlier fact gets ``invalid_at`` = the later one's ``valid_at`` and
 ``invalidated_by`` = its id. Relations that naturally hold many objects at once ("likes",
 "visited", "has") never contradict. Nothing is deleted: this is a view derived from the stored
 facts and their provenance, recomputed per index generation, so deleting the session that stated
@@ -29,6 +29,12 @@ MULTI_VALUED = frozenset({
     "were", "said", "says", "told", "tell", "took", "take", "got", "get", "gave", "give", "wants",
     "want", "needs", "need", "knows", "know", "friend of", "mentioned", "talked about",
 })
+
+
+# objects that can replace each other: named things of one type (a city for a city), not noun
+# chunks ("new dance routines") or numbers, which a conversation mentions in passing
+NAMED = frozenset({"PERSON", "ORG", "GPE", "LOC", "FAC", "NORP", "PRODUCT", "EVENT", "WORK_OF_ART",
+                   "LANGUAGE", "LAW"})
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ def fact_times(store: GraphStore) -> dict[int, FactTime]:
             _, _, obj, label = keys[fid]
             for later in group[i + 1:]:
                 _, _, obj2, label2 = keys[later]
-                if obj2 != obj and label2 == label and first[later] > first[fid]:
+                if obj2 != obj and label2 == label and label in NAMED and first[later] > first[fid]:
                     out[fid] = FactTime(fid, first[fid], first[later], later)
                     break
     return out

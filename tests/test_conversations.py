@@ -198,16 +198,24 @@ def test_malformed_conversations_name_the_record(tmp_path):
     assert not (tmp_path / "ix" / "graph.duckdb").exists() or "documents" not in proc.stdout
 
 
-def test_longmemeval_and_original_locomo_formats(tmp_path):
+def _longmemeval_file(tmp_path, question: str, question_date: str, second_date: str):
+    """A one-instance LongMemEval file: a bike bought on 2 May (the evidence), tomatoes later."""
     lme = tmp_path / "lme.json"
     lme.write_text(json.dumps([{
-        "question_id": "q1", "question_type": "temporal-reasoning", "question": "When did I buy the bike?",
-        "answer": "in May", "question_date": "2023/06/01 (Thu) 10:00",
-        "haystack_session_ids": ["s1", "s2"], "haystack_dates": ["2023/05/02 (Tue) 09:00", "2023/05/20 (Sat) 02:21"],
+        "question_id": "q1", "question_type": "temporal-reasoning", "question": question,
+        "answer": "a bike", "question_date": question_date,
+        "haystack_session_ids": ["s1", "s2"], "haystack_dates": ["2023/05/02 (Tue) 09:00", second_date],
         "haystack_sessions": [[{"role": "user", "content": "I bought a bike today.", "has_answer": True},
-                               {"role": "assistant", "content": "Congratulations!"}],
-                              [{"role": "user", "content": "Any tips for tomatoes?"}]],
+                               {"role": "assistant", "content": "Congratulations on the new bike!"}],
+                              [{"role": "user", "content": "Any tips for growing tomatoes?"},
+                               {"role": "assistant", "content": "Water them in the morning."}]],
         "answer_session_ids": ["s1"]}]))
+    return lme
+
+
+def test_longmemeval_and_original_locomo_formats(tmp_path):
+    lme = _longmemeval_file(tmp_path, "When did I buy the bike?", "2023/06/01 (Thu) 10:00",
+                            "2023/05/20 (Sat) 02:21")
     convs, qs = read_conversation_file(lme, "longmemeval")
     assert [s.id for s in convs[0].sessions] == ["s1", "s2"]
     assert convs[0].sessions[0].time == datetime(2023, 5, 2, 9, 0)
@@ -443,16 +451,8 @@ def test_event_anchored_time_expressions_resolve_through_memory(make_index):
 
 
 def test_cli_eval_on_a_longmemeval_file(tmp_path):
-    lme = tmp_path / "lme.json"
-    lme.write_text(json.dumps([{
-        "question_id": "q1", "question_type": "temporal-reasoning", "question": "What did I buy last month?",
-        "answer": "a bike", "question_date": "2023/06/10 (Sat) 10:00",
-        "haystack_session_ids": ["s1", "s2"], "haystack_dates": ["2023/05/02 (Tue) 09:00", "2023/06/01 (Thu) 08:00"],
-        "haystack_sessions": [[{"role": "user", "content": "I bought a bike today.", "has_answer": True},
-                               {"role": "assistant", "content": "Congratulations on the new bike!"}],
-                              [{"role": "user", "content": "Any tips for growing tomatoes?"},
-                               {"role": "assistant", "content": "Water them in the morning."}]],
-        "answer_session_ids": ["s1"]}]))
+    lme = _longmemeval_file(tmp_path, "What did I buy last month?", "2023/06/10 (Sat) 10:00",
+                            "2023/06/01 (Thu) 08:00")
     out = json.loads(run_cli("eval", "--db", str(tmp_path / "ev"), "--format", "longmemeval", str(lme),
                              "--modes", "graph", "--k", "1,2", "--json", check=True).stdout)
     assert out["questions"] == 1 and set(out["index_seconds"]) == {"q1"}

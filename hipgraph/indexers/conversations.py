@@ -64,31 +64,33 @@ def to_conversation(record: Conversation | Mapping[str, Any], where: str = "conv
     speakers = record.get("speakers") or []
     if not isinstance(speakers, list) or not all(isinstance(s, str) for s in speakers):
         raise InputError(f"{where}: field 'speakers' must be a list of strings")
-    raw_sessions = record.get("sessions")
-    if not isinstance(raw_sessions, list) or not raw_sessions:
-        raise InputError(f"{where}: field 'sessions' must be a non-empty list")
     sessions = []
-    for i, raw in enumerate(raw_sessions):
-        w = f"{where}.sessions[{i}]"
-        if not isinstance(raw, Mapping):
-            raise InputError(f"{w}: expected an object, got {type(raw).__name__}")
+    for i, w, raw in _objects(record, where, "sessions"):
         sid = _text(raw.get("id", i + 1), w, "id")
-        time = parse_time(raw["time"], where=f"{w}.time") if raw.get("time") is not None else None
-        turns_raw = raw.get("turns")
-        if not isinstance(turns_raw, list) or not turns_raw:
-            raise InputError(f"{w}: field 'turns' must be a non-empty list")
-        turns = []
-        for j, t in enumerate(turns_raw):
-            tw = f"{w}.turns[{j}]"
-            if not isinstance(t, Mapping):
-                raise InputError(f"{tw}: expected an object, got {type(t).__name__}")
-            turns.append(Turn(id=_text(t.get("id", f"{sid}:{j + 1}"), tw, "id"),
-                              speaker=_text(t.get("speaker"), tw, "speaker"),
-                              text=_text(t.get("text"), tw, "text"),
-                              time=parse_time(t["time"], where=f"{tw}.time") if t.get("time") is not None
-                              else None))
-        sessions.append(Session(sid, tuple(turns), time))
+        turns = [Turn(id=_text(t.get("id", f"{sid}:{j + 1}"), tw, "id"),
+                      speaker=_text(t.get("speaker"), tw, "speaker"), text=_text(t.get("text"), tw, "text"),
+                      time=_time(t, tw))
+                 for j, tw, t in _objects(raw, w, "turns")]
+        sessions.append(Session(sid, tuple(turns), _time(raw, w)))
     return _check_unique(Conversation(cid, tuple(sessions), tuple(speakers)), where)
+
+
+def _objects(record: Mapping[str, Any], where: str, field: str) -> list[tuple[int, str, Mapping[str, Any]]]:
+    """``(index, where, object)`` for each item of the non-empty list ``record[field]``."""
+    items = record.get(field)
+    if not isinstance(items, list) or not items:
+        raise InputError(f"{where}: field {field!r} must be a non-empty list")
+    out = []
+    for i, item in enumerate(items):
+        w = f"{where}.{field}[{i}]"
+        if not isinstance(item, Mapping):
+            raise InputError(f"{w}: expected an object, got {type(item).__name__}")
+        out.append((i, w, item))
+    return out
+
+
+def _time(record: Mapping[str, Any], where: str):
+    return parse_time(record["time"], where=f"{where}.time") if record.get("time") is not None else None
 
 
 def _check_unique(conv: Conversation, where: str) -> Conversation:

@@ -238,3 +238,27 @@ def test_cli_query_expand_prints_the_subgraph(inline_template, tmp_path):
                              check=True).stdout)
     assert out["persisted"] == 0 and out["facts"] and out["trace"]
     assert {h["doc_id"] for h in out["hits"]} >= {"jpi", "apa"}
+
+
+def test_llm_names_the_relations_the_question_asks_about(inline_index):
+    hg = inline_index
+
+    def handler(body):
+        system, user = body["messages"][0]["content"], body["messages"][-1]["content"]
+        if "List the relations" in system:
+            return json.dumps({"relations": ["published by", "first president of"]})
+        if "Known facts: " in user:
+            return json.dumps({"facts": []})
+        return "{}"
+
+    with ScriptedOpenAIServer(chat_handler=handler) as srv:
+        exp = hg.expand(MULTIHOP, k=3, config=_llm_config(srv))
+        asked = [b for _, b, _ in srv.chat_requests if "List the relations" in b["messages"][0]["content"]]
+    assert len(asked) == 1 and exp.asked_relations == ["published by", "first president of"]
+    assert exp.to_dict()["asked_relations"] == exp.asked_relations
+    assert {"jpi", "apa"} <= {h.doc_id for h in exp.hits}
+    # the relation-aware query scores the bridge fact at least as high as the question alone
+    offline = {f.triple: f.relevance for f in hg.expand(MULTIHOP, k=3).facts}
+    bridge = ("journal of psychotherapy integration", "published by", "american psychological association")
+    with_rel = {f.triple: f.relevance for f in exp.facts}
+    assert with_rel[bridge] >= offline[bridge]

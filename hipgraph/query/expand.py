@@ -115,11 +115,13 @@ class Expansion:
     trace: list[dict[str, Any]] = field(default_factory=list)
     persisted: int = 0  # new facts this expansion wrote into the index (persist=True)
     path_queries: list[str] = field(default_factory=list)  # the refined queries fused into ranking
+    asked_relations: list[str] = field(default_factory=list)  # with an LLM: what the question asks
 
     def to_dict(self) -> dict[str, Any]:
         return {"question": self.question, "facts": [f.to_dict() for f in self.facts],
                 "entities": [e.to_dict() for e in self.entities], "trace": self.trace,
                 "path_queries": self.path_queries, "persisted": self.persisted,
+                "asked_relations": self.asked_relations,
                 "hits": [h.to_dict() for h in self.hits]}
 
 
@@ -163,6 +165,7 @@ class _State:
     trace: list[dict[str, Any]] = field(default_factory=list)
     path_queries: list[str] = field(default_factory=list)
     shown: set[int] = field(default_factory=set)  # passages the model has read
+    relations: list[str] = field(default_factory=list)  # asked about, from the LLM
 
 
 def _triple(c: _Candidate | SubgraphFact) -> list[str]:
@@ -229,6 +232,8 @@ class Expander:
         self._snap, self._names, self._ecfg, self._cfg = snap, r.entity_names(), ecfg, cfg
         self._qvec = run.qvec
         states = [_State(q) for q in questions]
+        self._aug = self._relations(states) if self._can_propose(ecfg) else None
+        self._states_relations = [bool(st.relations) for st in states]
         for q, st in enumerate(states):
             for idx in list(run.seeds[q].linked)[: ecfg.max_entities]:
                 st.entities[idx] = _Entity(self._name(idx), idx, 1.0, 0, "question")
@@ -245,10 +250,39 @@ class Expander:
             entities = [SubgraphEntity(e.name, int(snap.entity_ids[e.idx]) if e.idx >= 0 else None,
                                        e.relevance, e.hop, e.via) for e in st.entities.values()]
             out.append(Expansion(st.question, list(st.facts.values()), entities, ranking, trace=st.trace,
-                                 path_queries=st.path_queries))
+                                 path_queries=st.path_queries, asked_relations=st.relations))
         if persist:
             self._persist(out)
         return out
+
+    def _relations(self, states: list[_State]) -> np.ndarray | None:
+        """With an LLM: the relations each question asks about (``expand_relations`` prompt),
+        embedded with the question; a candidate fact's relevance is then the better of its
+        cosine to the question and to that expansion. None when the model gave nothing usable."""
+        prompt = load_prompt("expand_relations")
+        replies = self.client.complete_many([prompt.render(question=st.question) for st in states],
+                                            json_mode=True, return_exceptions=True)
+        for st, reply in zip(states, replies, strict=True):
+            try:
+                if isinstance(reply, LLMError):
+                    raise ValueError(f"request failed: {reply}")
+                data = parse_json_reply(reply.text)
+                rels = data.get("relations") if isinstance(data, dict) else None
+                if not isinstance(rels, list) or not all(isinstance(r, str) and r.strip() for r in rels):
+                    raise ValueError('expected {"relations": ["...", ...]}')
+                st.relations = [r.strip() for r in rels[:4]]
+            except ValueError as exc:
+                logger.warning("expand: asked relations unusable for %r: %s", st.question, exc)
+        if not any(st.relations for st in states):
+            return None
+        texts = [f"{st.question} {'; '.join(st.relations)}" for st in states]
+        return self.retriever._embedder().embed(texts)
+
+    def _relevance(self, vec: np.ndarray, q: int) -> float:
+        score = float(vec @ self._qvec[q])
+        if self._aug is not None and self._states_relations[q]:
+            score = max(score, float(vec @ self._aug[q]))
+        return score
 
     def _can_propose(self, ecfg: ExpandConfig) -> bool:
         return self.client is not None and ecfg.llm_propose
@@ -339,7 +373,7 @@ class Expander:
                 c.relation = rel.get(c.fact_id, c.relation)
                 c.vec = vec_of.get(c.fact_id)
                 if c.vec is not None and np.isnan(c.relevance):
-                    c.relevance = float(c.vec @ self._qvec[q])
+                    c.relevance = self._relevance(c.vec, q)
                 elif np.isnan(c.relevance):
                     c.relevance = 0.0
 
@@ -411,7 +445,7 @@ class Expander:
         cands = self._resolve([t for _, t in proposals])
         for (q, _), c in zip(proposals, cands, strict=True):
             if c is not None:
-                c.relevance = float(c.vec @ self._qvec[q])
+                c.relevance = self._relevance(c.vec, q)
                 per_q[q].append(c)
 
     def _resolve(self, triples: list[tuple[str, str, str]]) -> list[_Candidate | None]:

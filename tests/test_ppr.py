@@ -197,6 +197,13 @@ def test_validation_errors():
         to_csr(3, [0], [1], [-1.0])
     with pytest.raises(ValueError, match="node ids"):
         to_csr(3, [0], [3])
+    # rectangular (entity -> passage): columns checked against n_cols, not n
+    indptr2, indices2, _ = to_csr(2, [0, 1, 1], [4, 0, 4], undirected=False, n_cols=5)
+    assert indptr2.tolist() == [0, 1, 3] and indices2.tolist() == [4, 0, 4]
+    with pytest.raises(ValueError, match="column node ids"):
+        to_csr(2, [0], [5], undirected=False, n_cols=5)
+    with pytest.raises(ValueError, match="n_cols"):
+        to_csr(2, [0], [1], n_cols=5)
     # dtype conversion: lists and int weights are accepted
     got = personalized_pagerank(
         indptr.tolist(), indices.tolist(), [1] * len(indices), [1, 0, 0]

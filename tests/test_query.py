@@ -300,3 +300,14 @@ def test_llm_fact_filter_failure_falls_back_to_the_threshold(inline_index):
         hits = inline_index.retrieve(MULTIHOP, k=3, config=cfg)
     assert hits[0].why["fact_filter"].startswith("not applied (unusable reply")
     assert [h.doc_id for h in hits] == [h.doc_id for h in plain]
+
+
+def test_graph_retrieval_with_fewer_entities_than_passages(make_index):
+    # many passages over a handful of names: the entity -> passage matrix is wider than tall
+    hg = make_index("few-entities")
+    hg.add_documents([{"id": f"d{i}", "text": "Alice Varga met Bob Stone at the spring fair."}
+                      for i in range(40)])
+    stats = hg.stats()
+    assert stats["entities"] < stats["passages"] == 40
+    hits = hg.retrieve("Who met Bob Stone?", k=3)
+    assert len(hits) == 3 and hits[0].why["mode"] == "graph"

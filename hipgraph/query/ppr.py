@@ -63,10 +63,12 @@ def to_csr(
     weight: np.ndarray | None = None,
     *,
     undirected: bool = True,
+    n_cols: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Build ``(indptr, indices, weights)`` with row ``u`` holding ``u``'s out-edges.
 
     ``undirected=True`` adds every edge in both directions (a self-loop is added once).
+    ``n_cols`` makes a rectangular ``n x n_cols`` matrix (directed only; default square).
     Duplicate edges are merged by summing their weights; ``weight=None`` means all ones.
     Returns ``indptr`` int64 ``(n + 1,)``, ``indices`` int32 and ``weights`` float64, with
     the column indices sorted inside each row.
@@ -74,6 +76,9 @@ def to_csr(
     n = int(n)
     if n < 0:
         raise ValueError(f"n must be non-negative, got {n}")
+    m = n if n_cols is None else int(n_cols)
+    if m < 0 or (undirected and m != n):
+        raise ValueError(f"n_cols must be non-negative and, for an undirected graph, equal n; got {n_cols}")
     src = np.asarray(src).reshape(-1)
     dst = np.asarray(dst).reshape(-1)
     if src.shape != dst.shape:
@@ -89,10 +94,10 @@ def to_csr(
         if w.shape != src.shape:
             raise ValueError(f"weight must have one value per edge ({src.size}), got {w.size}")
     if src.size:
-        lo = min(int(src.min()), int(dst.min()))
-        hi = max(int(src.max()), int(dst.max()))
-        if lo < 0 or hi >= n:
-            raise ValueError(f"node ids must lie in [0, {n}), found range [{lo}, {hi}]")
+        for ids, bound, what in ((src, n, "row"), (dst, m, "column")):
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= bound:
+                raise ValueError(f"{what} node ids must lie in [0, {bound}), found range [{lo}, {hi}]")
     if not np.all(np.isfinite(w)):
         raise ValueError("edge weights must be finite")
     if np.any(w < 0):
@@ -101,11 +106,11 @@ def to_csr(
         off = src != dst
         src, dst = np.concatenate([src, dst[off]]), np.concatenate([dst, src[off]])
         w = np.concatenate([w, w[off]])
-    key = src * max(n, 1) + dst
+    key = src * max(m, 1) + dst
     uniq, inv = np.unique(key, return_inverse=True)
     wsum = np.bincount(inv.reshape(-1), weights=w, minlength=uniq.size).astype(np.float64)
-    rows = uniq // max(n, 1)
-    cols = uniq - rows * max(n, 1)
+    rows = uniq // max(m, 1)
+    cols = uniq - rows * max(m, 1)
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
     return indptr, cols.astype(np.int32), wsum

@@ -142,7 +142,8 @@ def build_snapshot(store: GraphStore) -> GraphSnapshot:
     weight = np.concatenate([np.ones(int(ok_m.sum())), np.asarray(w_e, np.float64)[ok_e]])
     indptr, indices, weights = to_csr(n_p + n_e, src, dst, weight, undirected=True)
     # entity -> passage matrix (mention edges are distinct per passage-entity pair)
-    ep_indptr, ep_indices, _ = to_csr(n_e, mention_dst[ok_m], mention_src[ok_m], undirected=False)
+    ep_indptr, ep_indices, _ = to_csr(n_e, mention_dst[ok_m], mention_src[ok_m], undirected=False,
+                                      n_cols=n_p)
     fid, fs, fo = _column(
         store, "SELECT id, subject_id, object_id FROM facts WHERE kind = 'triple' ORDER BY id")
     return _assemble(generation, {

@@ -1,0 +1,129 @@
+"""How an index grows: build time, disk, peak memory and query latency at increasing sizes.
+
+    python benchmarks/scale.py --sizes 2000,10000 [--out /tmp/hipgraph-scale] [--queries 50]
+
+Each size gets a fresh index of a synthetic corpus (deterministic: made-up people, companies and
+places in short factual sentences, so the spaCy extractor finds entities and triples as it would
+in real text), built through the normal pipeline from a stream of documents. Printed per size:
+build seconds and passages/s, disk bytes per passage, peak RSS of the build (a child process per
+size, so sizes do not share memory), dense and graph query p50 over questions about the corpus's
+facts, and the growth ratios between consecutive sizes (linear growth: ratios close to the size
+ratio). The 1M-passage point of issue 8 needs the scale-out work and is not run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+_SYLLABLES = ["ka", "lo", "mir", "ten", "vas", "rud", "el", "no", "sha", "bri", "tor", "quin", "dal", "fe",
+              "gor", "iss", "ma", "pel", "rho", "sta", "ul", "ven", "wyn", "zar"]
+_RELATIONS = [("founded", "company"), ("works for", "company"), ("was born in", "place"),
+              ("lives in", "place"), ("married", "person"), ("studied at", "company"),
+              ("moved to", "place"), ("met", "person")]
+
+
+def _name(rng: random.Random, parts: int) -> str:
+    return " ".join("".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()
+                    for _ in range(parts))
+
+
+def synthetic_corpus(n: int, seed: int = 7) -> tuple[Iterator[dict], list[str]]:
+    """``n`` documents (streamed) and questions about their facts."""
+    rng = random.Random(seed)
+    people = [_name(rng, 2) for _ in range(max(50, n // 4))]
+    companies = [_name(rng, 1) + " " + rng.choice(["Industries", "Labs", "Group", "Bank"]) for _ in range(max(20, n // 20))]
+    places = [_name(rng, 1) + rng.choice(["ville", "burg", " City", "ton"]) for _ in range(max(20, n // 40))]
+    pools = {"person": people, "company": companies, "place": places}
+    questions: list[str] = []
+
+    def docs() -> Iterator[dict]:
+        r = random.Random(seed + 1)
+        for i in range(n):
+            who = people[i % len(people)]
+            sentences = []
+            for _ in range(r.randint(3, 5)):
+                rel, kind = r.choice(_RELATIONS)
+                obj = r.choice(pools[kind])
+                sentences.append(f"{who} {rel} {obj} in {r.randint(1950, 2023)}.")
+                if len(questions) < 500 and r.random() < 0.1:
+                    questions.append(f"Who {rel} {obj}?")
+            yield {"id": f"d{i}", "title": who, "text": " ".join(sentences)}
+
+    return docs(), questions
+
+
+def build_and_query(size: int, root: Path, n_queries: int) -> dict:
+    """One size, in this process (called in a child per size)."""
+    import resource  # noqa: PLC0415
+
+    import hipgraph  # noqa: PLC0415
+
+    path = root / f"n{size}"
+    shutil.rmtree(path, ignore_errors=True)
+    docs, questions = synthetic_corpus(size)
+    t0 = time.perf_counter()
+    with hipgraph.open(path, create=True) as hg:
+        hg.add_documents(docs)
+        build = time.perf_counter() - t0
+        stats = dict(hg.stats())
+        qs = questions[:n_queries]
+        out = {"size": size, "build_s": round(build, 1), "passages": stats["passages"],
+               "entities": stats["entities"], "facts": stats["facts"]}
+        for mode in ("dense", "graph"):
+            hg.retrieve_many(qs[:4], k=5, mode=mode)  # warm-up
+            times = []
+            for q in qs:
+                t = time.perf_counter()
+                hg.retrieve(q, k=5, mode=mode)
+                times.append(1000 * (time.perf_counter() - t))
+            out[f"{mode}_p50_ms"] = round(statistics.median(times), 2)
+    out["disk_mb"] = round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20, 1)
+    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="2000,10000")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/hipgraph-scale"))
+    parser.add_argument("--queries", type=int, default=50)
+    parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # child mode
+    args = parser.parse_args()
+    if args.one is not None:
+        print(json.dumps(build_and_query(args.one, args.out, args.queries)))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for size in [int(s) for s in args.sizes.split(",") if s]:
+        proc = subprocess.run([sys.executable, __file__, "--one", str(size), "--out", str(args.out),
+                               "--queries", str(args.queries)], capture_output=True, text=True, check=True)
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    print(f"{'passages':>9s} {'build s':>8s} {'pass/s':>7s} {'disk MB':>8s} {'B/passage':>10s} "
+          f"{'peak RSS MB':>12s} {'dense p50':>10s} {'graph p50':>10s}")
+    for r in rows:
+        print(f"{r['passages']:9d} {r['build_s']:8.1f} {r['passages'] / r['build_s']:7.1f} {r['disk_mb']:8.1f} "
+              f"{r['disk_mb'] * 2**20 / r['passages']:10.0f} {r['peak_rss_mb']:12.1f} "
+              f"{r['dense_p50_ms']:10.2f} {r['graph_p50_ms']:10.2f}")
+    for a, b in zip(rows, rows[1:], strict=False):
+        print(f"{a['passages']} -> {b['passages']} passages (x{b['passages'] / a['passages']:.1f}): build "
+              f"x{b['build_s'] / a['build_s']:.2f}, disk x{b['disk_mb'] / a['disk_mb']:.2f}, "
+              f"graph p50 x{b['graph_p50_ms'] / a['graph_p50_ms']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -232,6 +232,7 @@ class HipGraph:
         ``invalid_at`` and ``invalidated_by``. ``as_of`` leaves out facts stated later;
         ``current_only`` keeps those that still held then (or now). Ordered by time, then id."""
         from hipgraph.indexers.normalize import normalize_entity  # noqa: PLC0415
+        from hipgraph.query.validity import FactTime  # noqa: PLC0415
         from hipgraph.temporal import parse_time  # noqa: PLC0415
 
         when = parse_time(as_of, where="as_of") if as_of is not None else None
@@ -247,15 +248,11 @@ class HipGraph:
         times = self.retriever.fact_times()
         out = []
         for fid, sid, subj, rel, oid, obj, pids in rows:
-            t = times.get(int(fid))
-            if t is not None and when is not None and t.valid_at is not None and t.valid_at > when:
-                continue
-            if current_only and t is not None and not t.valid(when):
-                continue
+            t = times.get(int(fid), FactTime(int(fid), None)).as_of(when)
+            if t is None or (current_only and not t.valid(when)):
+                continue  # not stated yet at ``as_of``, or replaced
             out.append(Fact(int(fid), int(sid), subj, rel, int(oid), obj, tuple(int(p) for p in pids),
-                            t.valid_at if t else None,
-                            t.invalid_at if t and (when is None or (t.invalid_at and t.invalid_at <= when)) else None,
-                            t.invalidated_by if t and t.invalid_at and (when is None or t.invalid_at <= when) else None))
+                            t.valid_at, t.invalid_at, t.invalidated_by))
         out.sort(key=lambda f: (f.valid_at or datetime.min, f.id))
         return out
 

@@ -322,17 +322,16 @@ def compress_key(text: str) -> str:
     return "\n".join(kept) if kept else text
 
 
-def unit_turns(metadata: Mapping[str, Any], start: int, end: int) -> list[str]:
-    """Ids of the turns whose lines overlap the character span ``[start, end)``."""
-    return [t[0] for t in metadata.get("turns", []) if t[2] < end and t[3] > start]
-
-
-def unit_times(metadata: Mapping[str, Any], start: int, end: int) -> tuple[str, str]:
-    """ISO start and end time of a unit: its turns' own times, else the session's."""
-    session = metadata.get("time") or ""
-    times = [t[4] or session for t in metadata.get("turns", []) if t[2] < end and t[3] > start]
-    times = [t for t in times if t]
-    return (min(times), max(times)) if times else (session, session)
+def unit_record(metadata: Mapping[str, Any], start: int, end: int) -> dict[str, Any]:
+    """The ``Hit`` fields of the unit spanning characters ``[start, end)`` of a session document:
+    its turn ids and speakers, conversation, session, and ISO start/end time (its turns' own
+    times, else the session's)."""
+    session_time = metadata.get("time") or ""
+    turns = [t for t in metadata.get("turns", []) if t[2] < end and t[3] > start]
+    times = [t[4] or session_time for t in turns if t[4] or session_time]
+    return {"turn_ids": tuple(t[0] for t in turns), "speakers": tuple(dict.fromkeys(t[1] for t in turns)),
+            "conversation": metadata.get("conversation", ""), "session": metadata.get("session", ""),
+            "time": min(times) if times else session_time, "time_end": max(times) if times else session_time}
 
 
 def conversation_documents(conversations: Sequence[Conversation], embedder, cfg, llm=None,

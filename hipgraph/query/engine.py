@@ -22,7 +22,7 @@ import numpy as np
 
 from hipgraph.config import ChatConfig, GraphRetrievalConfig, RetrievalConfig
 from hipgraph.errors import ConfigError
-from hipgraph.indexers.conversations import SESSION_KIND, unit_times
+from hipgraph.indexers.conversations import SESSION_KIND, unit_record
 from hipgraph.models.base import Embedder
 from hipgraph.models.chat import ChatClient
 from hipgraph.query.dense import dense_rankings
@@ -35,7 +35,7 @@ from hipgraph.query.graph import (
     strongest_path,
     top_passages,
 )
-from hipgraph.query.hits import Ranked, to_hits
+from hipgraph.query.hits import Ranked, passage_rows, to_hits
 from hipgraph.query.linking import EntityNames, QuestionSpans
 from hipgraph.query.memory import apply_time, asks_about_past, parse_question_dates
 from hipgraph.query.snapshot import GraphSnapshot, current_snapshot
@@ -125,7 +125,7 @@ class Retriever:
         self._spans = QuestionSpans(spacy_model)
         self._spacy_model = spacy_model
         self._rule_decomposer = None
-        self._times: tuple[int, dict[int, tuple[datetime, datetime]]] | None = None
+        self._units: tuple[int, dict[int, dict[str, Any]], dict[int, tuple[datetime, datetime]]] | None = None
         self._fact_times: tuple[int, dict[int, FactTime]] | None = None
         self._snapshot: GraphSnapshot | None = None
         self._names: EntityNames | None = None
@@ -189,18 +189,22 @@ class Retriever:
         dates = parse_question_dates(question_dates, len(questions), parse_time)
         as_of_t = parse_time(as_of, where="as_of") if as_of is not None else None
         with _blas_threads(1):
-            times = self._unit_times()
-            depth = max(k, cfg.memory_candidates) if times else k
-            when = None
-            if times:  # facts stated in conversations: weighed by when they held
-                when = [(as_of_t, asks_about_past(q, d or as_of_t)) for q, d in zip(questions, dates, strict=True)]
-            rankings = self.rank(questions, depth, mode, cfg, when=when)
-            if times:  # conversation memory: time expressions and as_of
-                spans = [resolve_range(q, d or as_of_t) for q, d in zip(questions, dates, strict=True)]
-                self._event_spans(questions, spans, times)
-                rankings = [apply_time(r, times, span, as_of_t, cfg.time_mode)
-                            for r, span in zip(rankings, spans, strict=True)]
-            return to_hits(self.store, rankings, k)
+            times = self._memory()[1]
+            if not times:
+                return self.hits(self.rank(questions, k, mode, cfg), k)
+            # conversation memory: time expressions, facts weighed by when they held, as_of
+            spans = [resolve_range(q, d or as_of_t) for q, d in zip(questions, dates, strict=True)]
+            when = [(as_of_t, asks_about_past(q, span, d or as_of_t))
+                    for q, span, d in zip(questions, spans, dates, strict=True)]
+            rankings = self.rank(questions, max(k, cfg.memory_candidates), mode, cfg, when=when)
+            self._event_spans(questions, spans, times)
+            rankings = [apply_time(r, times, span, as_of_t, cfg.time_mode)
+                        for r, span in zip(rankings, spans, strict=True)]
+            return self.hits(rankings, k)
+
+    def hits(self, rankings: Sequence[Ranked], k: int) -> list[list[Hit]]:
+        """The top ``k`` of each ranking as hits (conversation units with their turns and time)."""
+        return to_hits(self.store, rankings, k, self._memory()[0])
 
     def _event_spans(self, questions: list[str], spans: list[TimeRange | None],
                      times: dict[int, tuple[datetime, datetime]]) -> None:
@@ -219,20 +223,23 @@ class Retriever:
             if anchor is not None:
                 spans[i] = ev.resolve(anchor)
 
-    def _unit_times(self) -> dict[int, tuple[datetime, datetime]]:
-        """Time span of every conversation memory unit (read once per index generation)."""
-        if self._times is None or self._times[0] != self.store.generation:
+    def _memory(self) -> tuple[dict[int, dict[str, Any]], dict[int, tuple[datetime, datetime]]]:
+        """Conversation memory units, read once per index generation: each unit's hit fields and
+        its time span (units without a time have no span)."""
+        if self._units is None or self._units[0] != self.store.generation:
             rows = self.store.con.execute("""
                 SELECT p.id, p.start_char, p.end_char, d.metadata FROM passages p
                 JOIN documents d ON d.id = p.doc_id
                 WHERE json_extract_string(d.metadata, '$.kind') = ?""", [SESSION_KIND]).fetchall()
+            records: dict[int, dict[str, Any]] = {}
             times: dict[int, tuple[datetime, datetime]] = {}
             for pid, start, end, raw in rows:
-                lo, hi = unit_times(json.loads(raw) if isinstance(raw, str) else raw, start, end)
-                if lo:
-                    times[int(pid)] = (datetime.fromisoformat(lo), datetime.fromisoformat(hi))
-            self._times = (self.store.generation, times)
-        return self._times[1]
+                rec = unit_record(json.loads(raw) if isinstance(raw, str) else raw, start, end)
+                records[int(pid)] = rec
+                if rec["time"]:
+                    times[int(pid)] = (datetime.fromisoformat(rec["time"]), datetime.fromisoformat(rec["time_end"]))
+            self._units = (self.store.generation, records, times)
+        return self._units[1], self._units[2]
 
     def rank(self, questions: list[str], depth: int, mode: str, cfg: RetrievalConfig,
              qvec: np.ndarray | None = None, when: list[tuple[datetime | None, bool]] | None = None,
@@ -261,7 +268,7 @@ class Retriever:
         validate_request(questions, k, "decompose")
         with _blas_threads(1):
             results = self._decompose(list(questions), k, config or self.config)
-            for r, hits in zip(results, to_hits(self.store, [r.ranking for r in results], k), strict=True):
+            for r, hits in zip(results, self.hits([r.ranking for r in results], k), strict=True):
                 r.hits = hits
         return results
 
@@ -272,7 +279,7 @@ class Retriever:
         validate_request(questions, k, "expand")
         with _blas_threads(1):
             results = self._expand(list(questions), k, config or self.config, persist=persist)
-            for r, hits in zip(results, to_hits(self.store, [r.ranking for r in results], k), strict=True):
+            for r, hits in zip(results, self.hits([r.ranking for r in results], k), strict=True):
                 r.hits = hits
         return results
 
@@ -418,7 +425,8 @@ class Retriever:
     def fact_times(self) -> dict[int, FactTime]:
         """Validity of facts stated in conversations (read once per index generation)."""
         if self._fact_times is None or self._fact_times[0] != self.store.generation:
-            self._fact_times = (self.store.generation, fact_times(self.store))
+            starts = {pid: span[0] for pid, span in self._memory()[1].items()}
+            self._fact_times = (self.store.generation, fact_times(self.store, starts))
         return self._fact_times[1]
 
     def rank_run(self, run: GraphRun, depth: int, cfg: GraphRetrievalConfig) -> list[Ranked]:
@@ -506,13 +514,9 @@ class Retriever:
                         "dense_seed": round(seeds.passages.get(snap.passage_nodes(np.array([pid]))[0].item(), 0.0), 6)})
 
     def passage_texts(self, passage_ids: list[int]) -> list[tuple[str, str]]:
-        """``(title, text)`` of each passage id, in the order given."""
-        if not passage_ids:
-            return []
-        rows = dict((int(i), (t, x)) for i, t, x in self.store.con.execute(
-            "SELECT id, title, text FROM passages WHERE id IN (SELECT unnest(?::BIGINT[]))",
-            [sorted(set(passage_ids))]).fetchall())
-        return [rows[i] for i in passage_ids if i in rows]
+        """``(title, text)`` of each passage id still stored, in the order given."""
+        rows = passage_rows(self.store, set(passage_ids))
+        return [rows[i][1:] for i in passage_ids if i in rows]
 
     def _facts_of(self, fact_ids: list[int]) -> dict[int, dict[str, str]]:
         if not fact_ids:

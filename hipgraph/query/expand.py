@@ -39,7 +39,7 @@ from hipgraph.models.chat import ChatClient
 from hipgraph.prompts import load_prompt
 from hipgraph.query.dense import dense_rankings
 from hipgraph.query.graph import top_passages
-from hipgraph.query.hits import Ranked
+from hipgraph.query.hits import Ranked, passage_rows
 from hipgraph.types import Hit
 
 logger = logging.getLogger(__name__)
@@ -649,10 +649,9 @@ class Expander:
         ids = sorted(pids)
         if not ids:
             return [], []
-        rows = dict((int(i), f"{t}: {x}" if t else x) for i, t, x in self.retriever.store.con.execute(
-            "SELECT id, title, text FROM passages WHERE id IN (SELECT unnest(?::BIGINT[]))", [ids]).fetchall())
+        rows = passage_rows(self.retriever.store, set(ids))
         ids = [i for i in ids if i in rows]
-        return ids, [rows[i] for i in ids]
+        return ids, [f"{rows[i][1]}: {rows[i][2]}" if rows[i][1] else rows[i][2] for i in ids]
 
     # ------------------------------------------------------------------ ranking
     @staticmethod

@@ -39,14 +39,12 @@ def graph_view(retriever, question: str | None = None, entities: Sequence[str] |
     extra: dict[int, dict[str, Any]] = {}
     path_edges: set[frozenset[int]] = set()
     if question is not None:
-        from hipgraph.query.hits import to_hits  # noqa: PLC0415
-
         cfg = config or retriever.config
         run = retriever.graph_run([question], cfg)
         seeds = run.seeds[0]
         mass = run.scores[run.rows[0]] if 0 in run.rows else np.zeros(snap.n_nodes)
         ranked = retriever.rank_run(run, k, cfg.graph)[0]
-        hits = to_hits(retriever.store, [ranked], k)[0]
+        hits = retriever.hits([ranked], k)[0]
         chosen = {p + e for e in seeds.entities}
         for rank, hit in enumerate(hits, start=1):
             node = int(snap.passage_nodes(np.array([hit.passage_id]))[0])

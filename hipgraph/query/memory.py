@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from hipgraph.query.hits import Ranked
-from hipgraph.temporal import TimeRange, resolve_range
+from hipgraph.temporal import TimeRange
 
 
 def apply_time(ranked: Ranked, times: dict[int, tuple[datetime, datetime]], span: TimeRange | None,
@@ -40,12 +40,11 @@ _PAST = re.compile(r"\b(used to|previously|formerly|originally|at first|at the t
                    r"before (?:moving|that|then)|in the past|did .{0,40}\bbefore)\b", re.IGNORECASE)
 
 
-def asks_about_past(question: str, question_date: datetime | None) -> bool:
+def asks_about_past(question: str, span: TimeRange | None, question_date: datetime | None) -> bool:
     """Whether a question asks how things were rather than how they are: past markers ("used
-    to", "previously") or a time expression whose range ends before the question date."""
+    to", "previously") or a time range (``span``, resolved already) ending before the question date."""
     if _PAST.search(question):
         return True
-    span = resolve_range(question, question_date)
     return span is not None and span.end <= (question_date or datetime.now())
 
 

@@ -12,13 +12,12 @@ the later fact makes the earlier one current again.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
 
-from hipgraph.indexers.conversations import SESSION_KIND, unit_times
 from hipgraph.store.database import GraphStore
 
 # relations that hold several objects at once: a new object adds, it does not replace
@@ -46,6 +45,17 @@ class FactTime:
     invalid_at: datetime | None = None
     invalidated_by: int | None = None
 
+    def as_of(self, when: datetime | None) -> FactTime | None:
+        """This fact as known at ``when`` (None = now): None if not stated yet, without its
+        invalidation if that came later."""
+        if when is None:
+            return self
+        if self.valid_at is not None and self.valid_at > when:
+            return None
+        if self.invalid_at is not None and self.invalid_at > when:
+            return FactTime(self.fact_id, self.valid_at)
+        return self
+
     def valid(self, when: datetime | None) -> bool:
         """Whether the fact held at ``when`` (now when None): stated by then, not yet replaced."""
         if when is None:
@@ -55,23 +65,21 @@ class FactTime:
         return self.invalid_at is None or self.invalid_at > when
 
 
-def fact_times(store: GraphStore) -> dict[int, FactTime]:
-    """Validity of every triple fact stated in a conversation (others are always valid)."""
+def fact_times(store: GraphStore, unit_start: Mapping[int, datetime]) -> dict[int, FactTime]:
+    """Validity of every triple fact stated in a conversation unit (``unit_start``: passage id ->
+    the unit's start time); other facts are always valid."""
+    if not unit_start:
+        return {}
     rows = store.con.execute("""
-        SELECT f.id, f.subject_id, f.relation, f.object_id, coalesce(o.label, ''),
-               p.start_char, p.end_char, d.metadata
-        FROM facts f JOIN fact_sources fs ON fs.fact_id = f.id
-        JOIN passages p ON p.id = fs.passage_id JOIN documents d ON d.id = p.doc_id
-        JOIN entities o ON o.id = f.object_id
-        WHERE f.kind = 'triple' AND json_extract_string(d.metadata, '$.kind') = ?""",
-                             [SESSION_KIND]).fetchall()
+        SELECT f.id, f.subject_id, f.relation, f.object_id, coalesce(o.label, ''), fs.passage_id
+        FROM facts f JOIN fact_sources fs ON fs.fact_id = f.id JOIN entities o ON o.id = f.object_id
+        WHERE f.kind = 'triple'""").fetchall()
     first: dict[int, datetime] = {}
     keys: dict[int, tuple[int, str, int, str]] = {}
-    for fid, subj, rel, obj, label, start, end, raw in rows:
-        lo, _ = unit_times(json.loads(raw) if isinstance(raw, str) else raw, start, end)
-        if not lo:
+    for fid, subj, rel, obj, label, pid in rows:
+        t = unit_start.get(int(pid))
+        if t is None:
             continue
-        t = datetime.fromisoformat(lo)
         fid = int(fid)
         first[fid] = min(first.get(fid, t), t)
         keys[fid] = (int(subj), rel, int(obj), label)

@@ -141,8 +141,8 @@ def embedding_texts(records: list[dict[str, Any]]) -> list[str]:
     """The passage texts hipgraph embeds for these records (chunked, title prepended)."""
     from hipgraph.config import IndexConfig
     from hipgraph.indexers.chunking import chunk_document
+    from hipgraph.indexers.compute import passage_embedding_text
     from hipgraph.indexers.documents import SkippedRecord, to_document
-    from hipgraph.indexers.pipeline import passage_embedding_text
 
     config = IndexConfig()
     texts = []

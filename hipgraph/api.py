@@ -138,22 +138,40 @@ class HipGraph:
         *,
         progress: Progress | None = None,
         batch_size: int | None = None,
+        executor: str = "local",
+        workers: int | None = None,
+        ray_address: str | None = None,
     ) -> IndexReport:
         """Add documents (``{"id", "text", "title"?, "metadata"?}`` or :class:`Document`).
 
         Idempotent per id: the same content is a no-op, changed content replaces the old version.
-        Each batch of ``batch_size`` documents commits atomically.
+        Each batch of ``batch_size`` documents commits atomically. ``documents`` is read as a
+        stream. The per-document work (chunking, extraction, embedding) runs on ``executor``:
+        ``local`` (this process; with ``workers=N``, N worker processes) or ``ray`` (Ray Data on
+        the cluster at ``ray_address``, or a local one with ``workers`` CPUs); the index comes out
+        the same either way.
         """
         if self.store.read_only:
             raise StoreError(f"index {self.path} is open read-only")
-        report = self.indexer.add_documents(documents, progress=progress, batch_size=batch_size)
+        runner = None
+        if executor != "local" or workers or ray_address:
+            from hipgraph.indexers.executors import create_executor  # noqa: PLC0415
+
+            runner = create_executor(executor, self.config, dimension=self.vectors.dimension, workers=workers,
+                                     address=ray_address)
+        try:
+            report = self.indexer.add_documents(documents, progress=progress, batch_size=batch_size,
+                                                executor=runner)
+        finally:
+            if runner is not None:
+                runner.close()
         if report.added or report.replaced:
             self.store.meta_set("extractor", self.indexer.extractor.name)
         return report
 
     def add_conversation(self, conversation: Conversation | Mapping[str, Any], *,
                          config: ConversationConfig | None = None, llm: ChatConfig | None = None,
-                         progress: Progress | None = None) -> IndexReport:
+                         progress: Progress | None = None, **run: Any) -> IndexReport:
         """Remember a conversation: ``{"id", "speakers"?, "sessions": [{"id", "time", "turns":
         [{"speaker", "text", "id"?, "time"?}]}]}`` or a :class:`Conversation`.
 
@@ -164,12 +182,13 @@ class HipGraph:
         With ``llm`` (an endpoint), the model places the topical segment boundaries (prompt
         ``segment``); a session it cannot segment falls back to embeddings, noted in the report.
         """
-        return self.add_conversations([conversation], config=config, llm=llm, progress=progress)
+        return self.add_conversations([conversation], config=config, llm=llm, progress=progress, **run)
 
     def add_conversations(self, conversations: Iterable[Conversation | Mapping[str, Any]], *,
                           config: ConversationConfig | None = None, llm: ChatConfig | None = None,
-                          progress: Progress | None = None) -> IndexReport:
-        """:meth:`add_conversation` for many (one segmentation embedding call, batched writes)."""
+                          progress: Progress | None = None, **run: Any) -> IndexReport:
+        """:meth:`add_conversation` for many (one segmentation embedding call, batched writes);
+        ``run`` takes :meth:`add_documents`' ``executor``, ``workers`` and ``ray_address``."""
         from hipgraph.indexers.conversations import conversation_documents, to_conversation  # noqa: PLC0415
 
         if self.store.read_only:
@@ -179,7 +198,7 @@ class HipGraph:
         docs = conversation_documents(convs, self.embedder, config or self.config.conversation,
                                       llm=self.chat_client(llm) if llm is not None else None,
                                       warnings=warnings)
-        report = self.add_documents(docs, progress=progress)
+        report = self.add_documents(docs, progress=progress, **run)
         report.warnings[:0] = warnings
         return report
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -92,8 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="documents per committed batch (256)")
     p.add_argument("--chunk-tokens", type=int, default=None, help="max tokens per passage (new index)")
     p.add_argument("--chunk-overlap", type=int, default=None, help="token overlap (new index)")
-    p.add_argument("--vector-index", choices=("flat", "ivf", "hnsw"), default=None,
-                   help="FAISS layout for a new index (flat = exact)")
+    p.add_argument("--vector-index", choices=("auto", "flat", "ivf", "hnsw"), default=None,
+                   help="FAISS layout for a new index (auto: exact below 100k vectors per kind, IVF-SQ8 above)")
+    p.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="where chunking, extraction and embedding run: local (this machine) or ray "
+                        "(Ray Data; pip install 'hipgraph[ray]')")
+    p.add_argument("--workers", type=int, default=None,
+                   help="local: worker processes (default: one process, extraction overlapped with "
+                        "writes); ray: CPUs of the local cluster started when --ray-address is not given")
+    p.add_argument("--ray-address", default=None, help="ray: address of a running cluster (e.g. ray://host:10001)")
     p.add_argument("--embedder", choices=("minilm", "openai"), default=None, help="for a new index")
     p.add_argument("--embed-base-url", default=None, help="openai embedder endpoint")
     p.add_argument("--embed-model", default=None, help="openai embedder model")
@@ -227,11 +235,15 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     if args.fmt != "documents":
         return _index_conversations(args)
+    run = _run_args(args)
     fields = FieldMap(id=args.id_field, text=args.text_field, title=args.title_field)
-    records = list(read_inputs(args.inputs, fields))  # parses every file before writing
-    if args.limit is not None:
-        records = records[: args.limit]
-    for record in records:  # and checks every record's fields, so bad input writes nothing
+
+    def records():
+        return itertools.islice(read_inputs(args.inputs, fields), args.limit)
+
+    total = 0
+    for record in records():  # a first streamed pass checks every file and record's fields,
+        total += 1  # so bad input writes nothing (and the corpus is never held in memory)
         with contextlib.suppress(SkippedRecord):  # counted and reported by add_documents
             to_document(record, where=record["_where"])
     extractor = _extractor_config(args)
@@ -240,9 +252,9 @@ def cmd_index(args: argparse.Namespace) -> int:
     exists = GraphStore.has_index(args.db)
     config = None if exists else _new_index_config(args)
     t0 = time.perf_counter()
-    with hipgraph.open(args.db, create=True, config=config, extractor=extractor) as hg:
-        with _progress_bar(len(records), args.quiet, "indexing") as bar:
-            report = hg.add_documents(records, progress=bar.update, batch_size=args.batch_size)
+    with (hipgraph.open(args.db, create=True, config=config, extractor=extractor) as hg,
+          _progress_bar(total, args.quiet, "indexing") as bar):
+        report = hg.add_documents(records(), progress=bar.update, batch_size=args.batch_size, **run)
         stats = hg.stats()
     elapsed = time.perf_counter() - t0
     out = {"report": report.to_dict(), "stats": stats, "seconds": round(elapsed, 3)}
@@ -257,6 +269,15 @@ def cmd_index(args: argparse.Namespace) -> int:
               f"{r.facts_new} new facts in {elapsed:.1f}s")
         _print_stats(stats)
     return 0
+
+
+def _run_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The executor options of ``hipgraph index``."""
+    if args.workers is not None and args.workers < 1:
+        raise InputError(f"--workers must be >= 1, got {args.workers}")
+    if args.ray_address and args.executor != "ray":
+        raise InputError("--ray-address needs --executor ray")
+    return {"executor": args.executor, "workers": args.workers, "ray_address": args.ray_address}
 
 
 def _index_conversations(args: argparse.Namespace) -> int:
@@ -284,7 +305,8 @@ def _index_conversations(args: argparse.Namespace) -> int:
             llm = ChatConfig(base_url=args.llm_base_url, model=args.llm_model,
                              api_key_env=args.llm_api_key_env, max_concurrency=args.llm_concurrency)
         with _progress_bar(sessions, args.quiet, "sessions") as bar:
-            report = hg.add_conversations(convs, config=conv_cfg, llm=llm, progress=bar.update)
+            report = hg.add_conversations(convs, config=conv_cfg, llm=llm, progress=bar.update,
+                                          **_run_args(args))
         stats = hg.stats()
     for warning in report.warnings:
         logger.warning("%s", warning)

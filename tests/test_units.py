@@ -62,7 +62,7 @@ def test_long_document_chunks_overlap_and_offsets():
     (lambda: ChunkConfig(max_tokens=50, overlap=50), "chunk.overlap"),
     (lambda: EmbedderConfig(precision="fp8"), "embedder.precision"),
     (lambda: EmbedderConfig(name="openai"), "embedder.base_url"),
-    (lambda: ExtractorConfig(name="regex"), "extractor.name"),
+    (lambda: ExtractorConfig(name="no such-extractor"), "extractor.name"),
     (lambda: ExtractorConfig(name="llm"), "extractor.chat"),
 ])
 def test_config_validation_names_the_field(factory, message):

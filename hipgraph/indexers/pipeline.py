@@ -7,13 +7,11 @@ at most the batch in flight, and re-adding the same documents resumes (unchanged
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import functools
 import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -23,12 +21,10 @@ import numpy as np
 import pyarrow as pa
 
 from hipgraph.config import IndexConfig
-from hipgraph.errors import InputError
-from hipgraph.indexers.chunking import chunk_document
-from hipgraph.indexers.conversations import SESSION_KIND, compress_key, resolve_speakers
+from hipgraph.indexers.compute import BatchWork, fact_text
 from hipgraph.indexers.documents import SkippedRecord, content_hash, text_hash, to_document
+from hipgraph.indexers.executors import Executor, ThreadExecutor
 from hipgraph.indexers.extract_base import Extractor
-from hipgraph.indexers.extract_spacy import COOCCURS
 from hipgraph.indexers.graph_update import (
     Removed,
     add_mention_edges,
@@ -37,23 +33,16 @@ from hipgraph.indexers.graph_update import (
     refresh_entities,
     update_synonyms,
 )
-from hipgraph.indexers.normalize import clean_surface, normalize_entity, normalize_relation
 from hipgraph.models.base import Embedder
 from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
-from hipgraph.types import Chunk, Document, Extraction, IndexReport
+from hipgraph.types import Chunk, Document, IndexReport
 
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[int], None]
 
-
-def passage_embedding_text(chunk: Chunk, prepend_title: bool) -> str:
-    return f"{chunk.title}\n{chunk.text}" if prepend_title and chunk.title else chunk.text
-
-
-def fact_text(subject: str, relation: str, obj: str) -> str:
-    return f"{subject} {relation} {obj}"
+CHECKPOINT_SECONDS = 300.0  # FAISS files are saved at least this often during a long add
 
 
 @dataclass
@@ -62,6 +51,7 @@ class _Batch:
 
     docs: list[Document] = field(default_factory=list)
     hashes: list[str] = field(default_factory=list)
+    seen: int = 0  # input records this batch accounts for (progress)
     report: IndexReport = field(default_factory=IndexReport)
     chunks: list[Chunk] = field(default_factory=list)
     chunk_doc: list[int] = field(default_factory=list)  # index into docs
@@ -100,6 +90,10 @@ class Indexer:
             self._extractor = self._extractor_factory()
         return self._extractor
 
+    def local_executor(self) -> Executor:
+        """The default executor: this process, one batch ahead in a thread."""
+        return ThreadExecutor(lambda: self.extractor, self.embedder, self.config)
+
     # ------------------------------------------------------------------ public
     def add_documents(
         self,
@@ -107,26 +101,45 @@ class Indexer:
         *,
         progress: Progress | None = None,
         batch_size: int | None = None,
+        executor: Executor | None = None,
     ) -> IndexReport:
         """Add or replace documents in batches; each batch is one transaction.
 
-        Extraction of the next batch runs in a worker thread while the current batch is embedded
-        and written (spaCy and torch then share the cores); writes stay on the calling thread.
+        ``executor`` runs the per-document work (default: :meth:`local_executor`) and hands the
+        batches back in input order; writes stay on the calling thread. Records are read as a
+        stream: only the batches in flight are held in memory. FAISS files are saved when the
+        call ends and every :data:`CHECKPOINT_SECONDS` (DuckDB, saved per batch, is the truth).
         """
         size = batch_size or self.config.batch_size
         report = IndexReport()
-        pending_hashes: dict[str, str] = {}
-        in_flight: tuple[_Batch, Future | None, int] | None = None
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hipgraph-extract") as pool:
+        in_flight: dict[str, str] = {}  # id -> content hash of documents planned, not yet written
+
+        def planned():
             for docs, seen in self._batches(records, size, report, progress):
-                batch = self._plan(docs, pending_hashes)
-                future = pool.submit(self._extract, batch) if batch.docs else None
-                if in_flight is not None:
-                    self._finish(*in_flight, report, progress)
-                pending_hashes = {d.id: h for d, h in zip(batch.docs, batch.hashes, strict=True)}
-                in_flight = (batch, future, seen)
-            if in_flight is not None:
-                self._finish(*in_flight, report, progress)
+                batch = self._plan(docs, in_flight)
+                batch.seen = seen
+                if not batch.docs:
+                    self._finish(batch, None, report, progress)
+                    continue
+                in_flight.update(zip((d.id for d in batch.docs), batch.hashes, strict=True))
+                yield batch, batch.docs
+
+        own = executor is None
+        executor = executor or self.local_executor()
+        last_save = time.monotonic()
+        try:
+            for batch, work in executor.map(planned()):
+                self._finish(batch, work, report, progress)
+                for doc, h in zip(batch.docs, batch.hashes, strict=True):
+                    if in_flight.get(doc.id) == h:
+                        del in_flight[doc.id]
+                if time.monotonic() - last_save > CHECKPOINT_SECONDS:
+                    self.vectors.save()
+                    last_save = time.monotonic()
+        finally:
+            if own:
+                executor.close()
+            self.vectors.save()
         return report
 
     def _batches(self, records, size: int, report: IndexReport, progress: Progress | None):
@@ -203,99 +216,27 @@ class Indexer:
                 continue
             batch.docs.append(doc)
             batch.hashes.append(h)
-        for i, doc in enumerate(batch.docs):
-            for chunk in chunk_document(doc, self.config.chunk):
-                batch.chunks.append(chunk)
-                batch.chunk_doc.append(i)
-        batch.report.passages = len(batch.chunks)
         return batch
 
-    def _extract(self, batch: _Batch):
-        """Worker-thread stage: OpenIE over the batch's passages (touches no database)."""
-        t0 = time.perf_counter()
-        extractions = self.extractor.extract([_for_extraction(c, batch.docs[i])
-                                              for c, i in zip(batch.chunks, batch.chunk_doc, strict=True)])
-        if len(extractions) != len(batch.chunks):
-            raise InputError(
-                f"extractor {self.extractor.name} returned {len(extractions)} results "
-                f"for {len(batch.chunks)} passages"
-            )
-        batch.report.seconds["extract"] = time.perf_counter() - t0
-        return extractions
-
-    def _finish(self, batch: _Batch, future: Future | None, seen: int, report: IndexReport,
+    def _finish(self, batch: _Batch, work: BatchWork | None, report: IndexReport,
                 progress: Progress | None) -> None:
-        if future is not None:
-            extractions = future.result()  # re-raises the worker's error: this batch is not written
-            extractions = [_with_speakers(e, c, batch.docs[i])
-                           for e, c, i in zip(extractions, batch.chunks, batch.chunk_doc, strict=True)]
+        if work is not None:
+            batch.chunks, batch.chunk_doc = work.chunks, work.chunk_doc
+            batch.mentions, batch.facts = work.mentions, work.facts
+            batch.report.passages = len(work.chunks)
+            for stage, seconds in work.seconds.items():
+                batch.report.seconds[stage] = batch.report.seconds.get(stage, 0.0) + seconds
             with _timed(batch.report, "graph"):
-                self._collect_graph_items(batch, extractions)
                 self._resolve_existing(batch)
-            with _timed(batch.report, "embed"):
-                batch.passage_vectors = self.embedder.embed(self._key_texts(batch))
-                batch.new_entity_vectors = self.embedder.embed(batch.new_entities)
-                batch.new_fact_vectors = self.embedder.embed(
-                    [fact_text(s, r, o) for s, r, o, kind in batch.new_facts if kind == "triple"])
+            batch.passage_vectors = work.passage_vectors
+            batch.new_entity_vectors = work.name_vector_rows(batch.new_entities)
+            batch.new_fact_vectors = work.fact_vector_rows(
+                [fact_text(s, r, o) for s, r, o, kind in batch.new_facts if kind == "triple"])
             self._write(batch, batch.report)
         report.merge(batch.report)
         _release_freed_memory()
         if progress:
-            progress(seen)
-
-    def _key_texts(self, batch: _Batch) -> list[str]:
-        """What each passage is embedded as: title and text; a conversation unit's text without
-        filler lines when ``conversation.compress_keys`` is on, and followed by the facts
-        extracted from it (fact-augmented keys) when ``conversation.fact_keys`` is on."""
-        prepend = self.config.chunk.prepend_title
-        conv = self.config.conversation
-        texts = []
-        for ci, chunk in enumerate(batch.chunks):
-            if conv.compress_keys and batch.docs[batch.chunk_doc[ci]].metadata.get("kind") == SESSION_KIND:
-                chunk = dataclasses.replace(chunk, text=compress_key(chunk.text))
-            texts.append(passage_embedding_text(chunk, prepend))
-        if not conv.fact_keys:
-            return texts
-        facts: dict[int, list[str]] = {}
-        for ci, subj, rel, obj, kind in batch.facts:
-            if kind == "triple":
-                facts.setdefault(ci, []).append(f"{subj} {rel} {obj}")
-        for ci in facts:
-            if batch.docs[batch.chunk_doc[ci]].metadata.get("kind") == SESSION_KIND:
-                texts[ci] += "\nFacts: " + "; ".join(facts[ci])
-        return texts
-
-    def _collect_graph_items(self, batch: _Batch, extractions) -> None:
-        """Normalize extractor output into mention and fact rows keyed by entity names."""
-        for ci, extraction in enumerate(extractions):
-            seen_mentions: set[tuple[str, str]] = set()
-
-            def mention(surface: str, label: str | None, _ci=ci, _seen=seen_mentions) -> str | None:
-                surface = clean_surface(surface)
-                name = normalize_entity(surface)
-                if not name:
-                    return None
-                if (name, surface) not in _seen:
-                    _seen.add((name, surface))
-                    batch.mentions.append((_ci, name, surface, label))
-                return name
-
-            for surface in extraction.entities:
-                mention(surface, extraction.entity_labels.get(surface))
-            seen_facts: set[tuple[str, str, str]] = set()
-            for triple in extraction.triples:
-                subj = mention(triple.subject, extraction.entity_labels.get(triple.subject))
-                obj = mention(triple.object, extraction.entity_labels.get(triple.object))
-                rel = normalize_relation(triple.relation)
-                if not subj or not obj or not rel or subj == obj:
-                    continue
-                kind = "cooccurrence" if triple.relation == COOCCURS else "triple"
-                if kind == "cooccurrence":
-                    subj, obj = sorted((subj, obj))
-                key = (subj, rel, obj)
-                if key not in seen_facts:
-                    seen_facts.add(key)
-                    batch.facts.append((ci, subj, rel, obj, kind))
+            progress(batch.seen)
 
     def _resolve_existing(self, batch: _Batch) -> None:
         """Find which entity names and fact keys already exist; list the new ones."""
@@ -418,7 +359,7 @@ class Indexer:
             "entity": (new_entity_ids, batch.new_entity_vectors),
             "fact": (new_fact_ids[triple_mask], batch.new_fact_vectors),
         }
-        self.vectors.apply(removed, added=added)
+        self.vectors.apply(removed, added=added, save=False)
         report.entities_new += len(batch.new_entities)
         report.facts_new += len(batch.new_facts)
         report.synonym_edges_new += n_synonyms
@@ -432,26 +373,6 @@ class Indexer:
             new_vectors = np.zeros((0, dim), np.float32)
         return update_synonyms(self.store, self.vectors.indexes["entity"], new_ids, new_vectors,
                                removed.entity_vector_ids, removed_vectors, self.config.synonyms)
-
-
-def _for_extraction(chunk: Chunk, doc: Document) -> Chunk:
-    """The chunk as the extractor reads it: conversation turns speak in the first person, so
-    "Ana: I moved to Berlin" is read as "Ana: Ana moved to Berlin" (facts about the speaker)."""
-    if doc.metadata.get("kind") != SESSION_KIND:
-        return chunk
-    return dataclasses.replace(chunk, text=resolve_speakers(chunk.text))
-
-
-def _with_speakers(extraction: Extraction, chunk: Chunk, doc: Document) -> Extraction:
-    """A conversation unit's speakers are entities it mentions (label PERSON)."""
-    if doc.metadata.get("kind") != SESSION_KIND:
-        return extraction
-    speakers = [line.split(": ", 1)[0] for line in chunk.text.split("\n") if ": " in line]
-    new = [sp for sp in dict.fromkeys(speakers) if sp and sp not in extraction.entities]
-    if not new:
-        return extraction
-    labels = {**extraction.entity_labels, **{sp: "PERSON" for sp in new}}
-    return dataclasses.replace(extraction, entities=(*extraction.entities, *new), entity_labels=labels)
 
 
 @contextmanager

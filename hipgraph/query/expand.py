@@ -31,10 +31,10 @@ import pyarrow as pa
 
 from hipgraph.config import ExpandConfig, RetrievalConfig
 from hipgraph.errors import LLMError, StoreError
+from hipgraph.indexers.compute import fact_text
 from hipgraph.indexers.extract_llm import parse_json_reply
 from hipgraph.indexers.learned_facts import LearnedFact, persist_facts
 from hipgraph.indexers.normalize import clean_surface, normalize_entity, normalize_relation
-from hipgraph.indexers.pipeline import fact_text
 from hipgraph.models.chat import ChatClient
 from hipgraph.prompts import load_prompt
 from hipgraph.query.dense import dense_rankings

@@ -102,11 +102,13 @@ def node_scores(snapshot: GraphSnapshot, reset: np.ndarray, cfg: GraphRetrievalC
     """PPR mass of every node (passages, then entities), ``(b, n)``."""
     if reset.shape[0] == 0:
         return np.zeros((0, snapshot.n_nodes))
+    method = cfg.ppr_method
+    if method == "auto":
+        method = "push" if snapshot.n_nodes > cfg.ppr_push_above else "power"
     before = numba.get_num_threads()
     numba.set_num_threads(min(cfg.ppr_threads, numba.config.NUMBA_NUM_THREADS))
     try:
-        x = ppr(snapshot.ppr_graph, reset, damping=cfg.damping, tol=cfg.ppr_tol,
-                method=cfg.ppr_method, eps=cfg.ppr_eps)
+        x = ppr(snapshot.ppr_graph, reset, damping=cfg.damping, tol=cfg.ppr_tol, method=method, eps=cfg.ppr_eps)
     finally:
         numba.set_num_threads(before)
     return np.asarray(x)

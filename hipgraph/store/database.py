@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,13 +26,18 @@ from hipgraph.store.schema import ID_KINDS, SCHEMA_VERSION, VECTOR_KINDS, ddl
 logger = logging.getLogger(__name__)
 
 DB_FILENAME = "graph.duckdb"
+# DuckDB's buffer pool (cached pages; larger work spills to disk). DuckDB's own default, 80% of
+# RAM, lets a large build's cache crowd out the FAISS indexes; override with this variable.
+MEMORY_LIMIT_ENV = "HIPGRAPH_DUCKDB_MEMORY_LIMIT"
+DEFAULT_MEMORY_LIMIT = "2GB"
 
 
 def _connect(root: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
     """Connect to ``root``'s database, turning DuckDB's lock conflict into IndexLockedError."""
     db_path = root / DB_FILENAME
+    limit = os.environ.get(MEMORY_LIMIT_ENV) or DEFAULT_MEMORY_LIMIT
     try:
-        return duckdb.connect(str(db_path), read_only=read_only)
+        return duckdb.connect(str(db_path), read_only=read_only, config={"memory_limit": limit})
     except duckdb.IOException as exc:
         if "lock" in str(exc).lower():
             raise _lock_error(root, exc) from exc
@@ -285,12 +291,25 @@ class GraphStore:
                 table = self.con.sql(
                     f"SELECT v.id, v.vec FROM {kind}_vectors v JOIN {want} w ON v.id = w.id ORDER BY v.id"
                 ).to_arrow_table()
-        out_ids = table.column("id").to_numpy().astype(np.int64, copy=False)
-        vec_col = table.column("vec").combine_chunks()
-        if len(out_ids) == 0:
-            return out_ids, np.zeros((0, dim), dtype=np.float32)
-        values = vec_col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        return out_ids, values.reshape(len(out_ids), dim)
+        return _vector_batch(table.column("id"), table.column("vec"), dim)
+
+    def iter_vectors(self, kind: str, rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """All vectors of ``kind`` ordered by id, streamed in chunks of at most ``rows``."""
+        if kind not in VECTOR_KINDS:
+            raise ValueError(f"unknown vector kind {kind!r}")
+        dim = int(self.meta_get("dimension"))
+        reader = self.con.sql(f"SELECT id, vec FROM {kind}_vectors ORDER BY id").to_arrow_reader(rows)
+        for batch in reader:
+            yield _vector_batch(batch.column(0), batch.column(1), dim)
+
+    def sample_vectors(self, kind: str, n: int, seed: int = 7) -> np.ndarray:
+        """Up to ``n`` vectors of ``kind`` drawn uniformly (reservoir sample, repeatable)."""
+        if kind not in VECTOR_KINDS:
+            raise ValueError(f"unknown vector kind {kind!r}")
+        dim = int(self.meta_get("dimension"))
+        table = self.con.sql(f"SELECT id, vec FROM {kind}_vectors USING SAMPLE reservoir({int(n)} ROWS) "
+                             f"REPEATABLE ({int(seed)}) ORDER BY id").to_arrow_table()
+        return _vector_batch(table.column("id"), table.column("vec"), dim)[1]
 
     def vector_ids(self, kind: str) -> np.ndarray:
         rows = self.con.sql(f"SELECT id FROM {kind}_vectors ORDER BY id").to_arrow_table()
@@ -311,3 +330,14 @@ class GraphStore:
             "facts": count("SELECT count(*) FROM facts"),
             "edges": edges,
         }
+
+
+def _vector_batch(ids: Any, vecs: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Arrow id and FLOAT[dim] columns as ``(int64 ids, float32 matrix)``."""
+    if isinstance(ids, pa.ChunkedArray):
+        ids, vecs = ids.combine_chunks(), vecs.combine_chunks()
+    out_ids = ids.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    if len(out_ids) == 0:
+        return out_ids, np.zeros((0, dim), dtype=np.float32)
+    values = vecs.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    return out_ids, values.reshape(len(out_ids), dim)

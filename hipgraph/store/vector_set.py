@@ -35,6 +35,7 @@ class VectorSet:
         self.dimension = int(store.meta_get("dimension"))
         self.indexes: dict[str, FaissVectorIndex] = {}
         self.repaired: list[str] = []  # kinds rebuilt on open, with the reason
+        self._dirty: set[str] = set()  # kinds changed since their file was written
 
     def open(self) -> VectorSet:
         if not self.store.read_only:  # temporary files of a save that was killed mid-way
@@ -73,16 +74,23 @@ class VectorSet:
         return index
 
     def _rebuild(self, kind: str) -> FaissVectorIndex:
-        ids, vectors = self.store.read_vectors(kind)
+        """A new index of ``kind`` from DuckDB, streamed in chunks (never all vectors at once)."""
+        n = len(self.store.vector_ids(kind))
         index = FaissVectorIndex(self.dimension, self.config)
-        index.build(ids, vectors)
+        want = index.training_size(n)
+        sample = self.store.sample_vectors(kind, want) if want else np.zeros((0, self.dimension), np.float32)
+        index.build_streamed(n, sample, self.store.iter_vectors(kind))
+        if index.layout != "flat":
+            logger.info("%s vectors: %s layout for %d vectors", kind, index.layout, n)
         return index
 
     def search(self, kind: str, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.indexes[kind].search(queries, k)
 
-    def apply(self, removed: Any, added: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
-        """Apply a committed batch: remove ids, add new vectors, save changed files."""
+    def apply(self, removed: Any, added: dict[str, tuple[np.ndarray, np.ndarray]], *, save: bool = True) -> None:
+        """Apply a committed batch: remove ids, add new vectors, and save the changed files (or,
+        with ``save=False``, leave them to :meth:`save`: a crash before it costs a rebuild from
+        DuckDB on the next open, never data)."""
         removals = {"passage": removed.passages, "entity": removed.entities, "fact": removed.facts}
         for kind in VECTOR_KINDS:
             index = self.indexes[kind]
@@ -96,8 +104,15 @@ class VectorSet:
             else:
                 index.remove(gone)
                 index.add(ids, vectors)
-            if (self.config.kind == "ivf" and not hasattr(index._inner, "nprobe")
-                    and index.ntotal >= self.config.min_train_size):
-                index = self._rebuild(kind)  # large enough now: train the IVF layout
+            if index.needs_relayout(index.ntotal):
+                index = self._rebuild(kind)  # crossed a layout size: train the IVF layout (again)
                 self.indexes[kind] = index
-            index.save(faiss_path(self.store.root, kind))
+            self._dirty.add(kind)
+        if save:
+            self.save()
+
+    def save(self) -> None:
+        """Write the indexes changed since the last save (atomically, one file per kind)."""
+        for kind in sorted(self._dirty):
+            self.indexes[kind].save(faiss_path(self.store.root, kind))
+        self._dirty.clear()

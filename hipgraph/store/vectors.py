@@ -39,14 +39,17 @@ def gpu_count() -> int:
 class FaissVectorIndex:
     """Inner-product search over unit vectors (= cosine) keyed by int64 ids.
 
-    ``flat`` is exact; ``ivf`` and ``hnsw`` trade exactness for speed on large indexes. The CPU
-    index is the one saved; a GPU copy serves searches when FAISS sees a GPU.
+    The layout follows :meth:`VectorIndexConfig.layout` for the number of vectors: ``flat`` is
+    exact; ``ivf`` (scalar-quantized lists by default) and ``hnsw`` trade exactness for speed and
+    memory on large indexes. The CPU index is the one saved; a GPU copy serves searches when FAISS
+    sees a GPU.
     """
 
     def __init__(self, dimension: int, config: VectorIndexConfig | None = None):
         self.dimension = int(dimension)
         self.config = config or VectorIndexConfig()
         self._faiss = _faiss()
+        self.trained_on = 0  # vectors the IVF layout was trained for
         self._index = self._new_index(0)
         self._gpu_index = None
 
@@ -54,16 +57,21 @@ class FaissVectorIndex:
     def _new_index(self, expected: int):
         faiss = self._faiss
         d = self.dimension
-        kind = self.config.kind
-        if kind == "hnsw":
+        layout = self.config.layout(expected)
+        if layout == "hnsw":
             inner = faiss.IndexHNSWFlat(d, self.config.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             inner.hnsw.efSearch = self.config.hnsw_ef_search
-        elif kind == "ivf" and expected >= self.config.min_train_size:
-            nlist = max(1, min(self.config.ivf_nlist, expected // 39))
+        elif layout == "ivf":
+            nlist = self.config.nlist(expected)
             quantizer = faiss.IndexFlatIP(d)
-            inner = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
-            inner.nprobe = self.config.ivf_nprobe
+            if self.config.ivf_encoding == "sq8":
+                inner = faiss.IndexIVFScalarQuantizer(quantizer, d, nlist, faiss.ScalarQuantizer.QT_8bit,
+                                                      faiss.METRIC_INNER_PRODUCT)
+            else:
+                inner = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+            inner.nprobe = min(self.config.ivf_nprobe, nlist)
             self._quantizer = quantizer  # keep the Python object alive with the index
+            self.trained_on = expected
         else:
             inner = faiss.IndexFlatIP(d)
         index = faiss.IndexIDMap2(inner)
@@ -71,15 +79,40 @@ class FaissVectorIndex:
         return index
 
     @property
+    def layout(self) -> str:
+        """The layout held now: flat | ivf | hnsw."""
+        if isinstance(self._inner, self._faiss.IndexHNSW):
+            return "hnsw"
+        return "ivf" if hasattr(self._inner, "nprobe") else "flat"
+
+    @property
     def supports_remove(self) -> bool:
-        return self.config.kind == "flat" or isinstance(self._inner, self._faiss.IndexFlat)
+        return self.layout == "flat"
+
+    def needs_relayout(self, n: int) -> bool:
+        """True when an index of ``n`` vectors should be rebuilt: it crossed the size at which the
+        configured layout changes, or an IVF index outgrew its lists (``retrain_growth``)."""
+        current, wanted = self.layout, self.config.layout(n)
+        if current != wanted:
+            return current != "hnsw"
+        return current == "ivf" and n > self.config.retrain_growth * max(self.trained_on, 1)
 
     def build(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         """Replace the contents with ``vectors`` under ``ids``."""
-        self._index = self._new_index(len(ids))
-        if not self._index.is_trained and len(ids):
-            self._index.train(np.ascontiguousarray(vectors, dtype=np.float32))
-        self.add(ids, vectors)
+        self.build_streamed(len(ids), vectors, [(ids, vectors)])
+
+    def build_streamed(self, n: int, sample: np.ndarray, batches) -> None:
+        """Replace the contents with ``n`` vectors given as ``(ids, vectors)`` batches; the layout
+        for ``n`` is trained on ``sample`` (rows drawn from the same vectors) when it needs it."""
+        self._index = self._new_index(n)
+        if not self._index.is_trained and n:
+            self._index.train(np.ascontiguousarray(sample, dtype=np.float32))
+        for ids, vectors in batches:
+            self.add(ids, vectors)
+
+    def training_size(self, n: int) -> int:
+        """How many sample vectors :meth:`build_streamed` wants for ``n`` vectors (0: none)."""
+        return 0 if self.config.layout(n) != "ivf" else min(n, 64 * self.config.nlist(n))
 
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         if len(ids) == 0:
@@ -95,7 +128,7 @@ class FaissVectorIndex:
         if len(ids) == 0:
             return
         if not self.supports_remove:
-            raise StoreError(f"{self.config.kind} index does not support removal; rebuild it")
+            raise StoreError(f"{self.layout} index does not support removal; rebuild it")
         self._index.remove_ids(np.ascontiguousarray(ids, dtype=np.int64))
         self._gpu_index = None
 
@@ -137,7 +170,7 @@ class FaissVectorIndex:
         return out
 
     def _search_index(self):
-        if self.config.use_gpu == "never" or self.config.kind == "hnsw":
+        if self.config.use_gpu == "never" or self.layout == "hnsw":
             return self._index
         if self._gpu_index is None and gpu_count() > 0:
             try:
@@ -183,5 +216,6 @@ class FaissVectorIndex:
         obj._index = index
         obj._inner = obj._faiss.downcast_index(index.index)
         if hasattr(obj._inner, "nprobe"):
-            obj._inner.nprobe = obj.config.ivf_nprobe
+            obj._inner.nprobe = min(obj.config.ivf_nprobe, obj._inner.nlist)
+            obj.trained_on = obj.ntotal  # retrained once grown retrain_growth times past this
         return obj

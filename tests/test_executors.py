@@ -1,0 +1,120 @@
+"""Executors: the same input gives the same index in this process, in worker processes and on a
+local two-node Ray cluster (real spaCy, MiniLM, DuckDB and FAISS in every worker)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import assert_same_index, check_consistency, dump_index, index_config, run_cli
+
+import hipgraph
+from hipgraph.config import ChatConfig, EmbedderConfig, ExtractorConfig
+from hipgraph.errors import ConfigError
+from hipgraph.indexers.compute import BatchWork, extract_batch, from_arrow, to_arrow
+from hipgraph.indexers.executors import create_executor
+from hipgraph.models.hashing import HashingEmbedder
+from hipgraph.types import Chunk, Document
+
+
+@pytest.fixture(scope="module")
+def docs(sample_docs):
+    return sample_docs[:12]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, embedder, docs):
+    """The index built by the default executor (this process, one batch ahead in a thread)."""
+    path = tmp_path_factory.mktemp("executors") / "local"
+    with hipgraph.open(path, create=True, config=index_config(batch_size=4), embedder=embedder) as hg:
+        hg.add_documents(docs)
+    return dump_index(path)
+
+
+def test_worker_processes_give_the_same_index(tmp_path, embedder, docs, reference):
+    path = tmp_path / "workers"
+    with hipgraph.open(path, create=True, config=index_config(batch_size=4), embedder=embedder) as hg:
+        report = hg.add_documents(docs, workers=2)
+        assert report.added == len(docs) and report.seconds["extract"] > 0
+        check_consistency(hg)
+    assert_same_index(reference, dump_index(path))
+
+
+def test_ray_two_node_cluster_gives_the_same_index(tmp_path, embedder, docs, reference):
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    try:
+        path = tmp_path / "ray"
+        with hipgraph.open(path, create=True, config=index_config(batch_size=4), embedder=embedder) as hg:
+            report = hg.add_documents(docs, executor="ray", ray_address=cluster.address)
+            assert report.added == len(docs)
+            assert not ray.is_initialized()  # the executor connected, and disconnected when done
+            check_consistency(hg)
+        ray.init(address=cluster.address)  # a session the caller holds is used and left open
+        assert len([n for n in ray.nodes() if n["Alive"]]) == 2  # really two worker nodes
+        assert_same_index(reference, dump_index(path))
+        again = tmp_path / "ray-again"
+        with hipgraph.open(again, create=True, config=index_config(batch_size=4), embedder=embedder) as hg:
+            hg.add_documents(docs[:4], executor="ray")
+        assert ray.is_initialized()
+        assert dump_index(again)["stats"]["documents"] == 4
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_batch_work_travels_as_one_arrow_row_unchanged():
+    doc = Document("d1", "Ada Lovelace wrote notes on the Analytical Engine. She lived in London.", "Ada")
+
+    class Fixed:
+        name = "fixed"
+
+        def extract(self, chunks):
+            from hipgraph.types import Extraction, Triple
+
+            return [Extraction(("Ada Lovelace", "London"), (Triple("Ada Lovelace", "lived in", "London"),),
+                               {"London": "GPE"}) for _ in chunks]
+
+    work = extract_batch([doc], index_config(), Fixed())
+    emb = HashingEmbedder(EmbedderConfig(name="hashing", dimension=16))
+    from hipgraph.indexers.compute import embed_batch
+
+    work = embed_batch(work, emb)
+    import pyarrow as pa
+
+    table = pa.table(to_arrow(work, seq=3))
+    seq, back = from_arrow(table.to_pylist()[0], 16)
+    assert seq == 3 and isinstance(back, BatchWork)
+    assert back.chunks == work.chunks and all(isinstance(c, Chunk) for c in back.chunks)
+    assert back.mentions == work.mentions and back.facts == work.facts
+    assert back.names == work.names == ["ada lovelace", "london"]
+    assert back.fact_texts == ["ada lovelace lived in london"]
+    for a, b in ((back.passage_vectors, work.passage_vectors), (back.name_vectors, work.name_vectors),
+                 (back.fact_vectors, work.fact_vectors)):
+        assert np.array_equal(a, b)
+    assert np.array_equal(back.name_vector_rows(["london"]), work.name_vectors[1:2])
+
+
+def test_hashing_embedder_is_deterministic_and_word_based():
+    emb = HashingEmbedder(EmbedderConfig(name="hashing", dimension=64))
+    a, b, c, d = emb.embed(["Kalo Mirten founded Vas Labs", "kalo mirten founded vas labs!",
+                            "Kalo Mirten", "a completely different sentence"])
+    assert np.allclose(np.linalg.norm(emb.embed(["x y", ""]), axis=1), 1.0)
+    assert np.allclose(a, b)  # case and punctuation do not matter
+    assert a @ c > 0.5 > abs(a @ d)  # shared words make vectors close
+    again = HashingEmbedder(EmbedderConfig(name="hashing", dimension=64), cache_words=1)
+    assert np.allclose(again.embed(["Kalo Mirten founded Vas Labs"])[0], a)  # cache-independent
+
+
+def test_executor_options_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match="workers must be >= 1"):
+        create_executor("local", index_config(), dimension=384, workers=0)
+    llm = index_config(extractor=ExtractorConfig(name="llm", chat=ChatConfig(base_url="http://x", model="m")))
+    with pytest.raises(ConfigError, match="llm extractor"):
+        create_executor("local", llm, dimension=384, workers=2)
+    bad = run_cli("index", "--db", str(tmp_path / "x"), str(tmp_path / "none.jsonl"), "--ray-address", "a:1")
+    assert bad.returncode != 0 and "--ray-address needs --executor ray" in bad.stderr
+    bad = run_cli("index", "--db", str(tmp_path / "x"), str(tmp_path / "none.jsonl"), "--workers", "0")
+    assert bad.returncode != 0 and "--workers must be >= 1" in bad.stderr

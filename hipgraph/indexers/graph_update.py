@@ -95,12 +95,11 @@ def refresh_entities(store: GraphStore, entity_ids: set[int]) -> None:
     """Recompute fact edges, surface forms and labels of ``entity_ids`` from provenance."""
     if not entity_ids:
         return
-    con = store.con
     with store.temp_ids("_refresh", sorted(entity_ids)):
-        con.execute("""
+        store.con.execute("""
             DELETE FROM edges WHERE type = 'fact'
             AND (src IN (SELECT id FROM _refresh) OR dst IN (SELECT id FROM _refresh))""")
-        con.execute("""
+        store.con.execute("""
             INSERT INTO edges (type, src, dst, weight)
             SELECT 'fact', least(f.subject_id, f.object_id), greatest(f.subject_id, f.object_id),
                    count(*)::DOUBLE
@@ -108,27 +107,62 @@ def refresh_entities(store: GraphStore, entity_ids: set[int]) -> None:
             WHERE f.subject_id <> f.object_id
               AND (f.subject_id IN (SELECT id FROM _refresh) OR f.object_id IN (SELECT id FROM _refresh))
             GROUP BY 2, 3""")
-        con.execute("""
+    refresh_surface_forms(store, entity_ids)
+
+
+def refresh_surface_forms(store: GraphStore, entity_ids: set[int]) -> None:
+    """Recompute surface forms and labels (the most frequent) of ``entity_ids`` from mentions."""
+    if not entity_ids:
+        return
+    with store.temp_ids("_forms", sorted(entity_ids)):
+        store.con.execute("""
             UPDATE entities SET surface_forms = agg.forms, label = agg.label
             FROM (
                 SELECT entity_id,
                        list(DISTINCT surface ORDER BY surface) AS forms,
                        arg_max(label, cnt ORDER BY cnt, label DESC) FILTER (WHERE label IS NOT NULL) AS label
                 FROM (SELECT entity_id, surface, label, count(*) AS cnt FROM mentions
-                      WHERE entity_id IN (SELECT id FROM _refresh) GROUP BY ALL)
+                      WHERE entity_id IN (SELECT id FROM _forms) GROUP BY ALL)
                 GROUP BY entity_id
             ) AS agg
             WHERE entities.id = agg.entity_id""")
 
 
-def add_mention_edges(store: GraphStore, passage_ids: np.ndarray) -> None:
-    if len(passage_ids) == 0:
+def add_fact_edge_counts(store: GraphStore, subject_ids: np.ndarray, object_ids: np.ndarray) -> None:
+    """Count new fact sources (one per ``(subject, object)`` row, subject != object) into fact
+    edges: existing edges gain weight, new pairs get an edge. Equal to recomputing the edges of
+    these pairs from provenance when no other change touched them, at the cost of the batch (no
+    rewrite of hub entities' edges, which would make a growing index quadratic to build)."""
+    if len(subject_ids) == 0:
         return
-    with store.temp_ids("_new_passages", passage_ids):
+    lo = np.minimum(subject_ids, object_ids).astype(np.int64)
+    hi = np.maximum(subject_ids, object_ids).astype(np.int64)
+    pairs, counts = np.unique(np.stack([lo, hi], axis=1), axis=0, return_counts=True)
+    store.con.register("_fact_delta", pa.table({"src": pa.array(pairs[:, 0]), "dst": pa.array(pairs[:, 1]),
+                                                "w": pa.array(counts.astype(np.float64))}))
+    try:
+        store.con.execute("""
+            UPDATE edges SET weight = edges.weight + d.w FROM _fact_delta d
+            WHERE edges.type = 'fact' AND edges.src = d.src AND edges.dst = d.dst""")
         store.con.execute("""
             INSERT INTO edges (type, src, dst, weight)
-            SELECT DISTINCT 'mention', passage_id, entity_id, 1.0 FROM mentions
-            WHERE passage_id IN (SELECT id FROM _new_passages)""")
+            SELECT 'fact', d.src, d.dst, d.w FROM _fact_delta d
+            ANTI JOIN (SELECT src, dst FROM edges WHERE type = 'fact') e ON e.src = d.src AND e.dst = d.dst""")
+    finally:
+        store.unregister("_fact_delta")
+
+
+def add_mention_edges(store: GraphStore, passage_ids: np.ndarray, entity_ids: np.ndarray) -> None:
+    """Mention edges of new passages: one per distinct (passage, entity) of their mentions."""
+    if len(passage_ids) == 0:
+        return
+    pairs = np.unique(np.stack([np.asarray(passage_ids, np.int64), np.asarray(entity_ids, np.int64)], axis=1), axis=0)
+    store.insert("edges", {
+        "type": pa.array(["mention"] * len(pairs), pa.string()),
+        "src": pa.array(pairs[:, 0]),
+        "dst": pa.array(pairs[:, 1]),
+        "weight": pa.array(np.ones(len(pairs))),
+    })
 
 
 def update_synonyms(

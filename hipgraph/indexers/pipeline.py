@@ -27,10 +27,12 @@ from hipgraph.indexers.executors import Executor, ThreadExecutor
 from hipgraph.indexers.extract_base import Extractor
 from hipgraph.indexers.graph_update import (
     Removed,
+    add_fact_edge_counts,
     add_mention_edges,
     collect_orphans,
     delete_document_rows,
     refresh_entities,
+    refresh_surface_forms,
     update_synonyms,
 )
 from hipgraph.models.base import Embedder
@@ -348,9 +350,18 @@ class Indexer:
 
             t0 = time.perf_counter()
             collect_orphans(store, removed)
-            touched = {entity_ids[name] for _, name, _, _ in batch.mentions}
-            refresh_entities(store, (removed.affected_entities | touched) - removed.entities)
-            add_mention_edges(store, passage_ids)
+            mention_entities = np.array([entity_ids[name] for _, name, _, _ in batch.mentions], dtype=np.int64)
+            refresh = removed.affected_entities - removed.entities  # recomputed from provenance
+            refresh_entities(store, refresh)
+            refresh_surface_forms(store, set(mention_entities.tolist()) - refresh - removed.entities)
+            subjects = np.array([entity_ids[s] for _, s, _, _, _ in batch.facts], dtype=np.int64)
+            objects = np.array([entity_ids[o] for _, _, _, o, _ in batch.facts], dtype=np.int64)
+            if refresh:  # pairs touching a refreshed entity already count this batch's sources
+                stale = np.array(sorted(refresh), dtype=np.int64)
+                keep = ~(np.isin(subjects, stale) | np.isin(objects, stale))
+                subjects, objects = subjects[keep], objects[keep]
+            add_fact_edge_counts(store, subjects, objects)
+            add_mention_edges(store, passage_ids[[ci for ci, _, _, _ in batch.mentions]], mention_entities)
             n_synonyms = self._synonyms(new_entity_ids, batch.new_entity_vectors, removed)
             t_graph = time.perf_counter() - t0
             store.bump_generation()

@@ -17,6 +17,8 @@ from hipgraph.errors import BackendUnavailableError, StoreError
 
 logger = logging.getLogger(__name__)
 
+RANGE_BATCH = 4096  # query rows per FAISS range search (synonym kNN of a batch's new entities)
+
 
 def _faiss():
     try:
@@ -69,7 +71,7 @@ class FaissVectorIndex:
                                                       faiss.METRIC_INNER_PRODUCT)
             else:
                 inner = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
-            inner.nprobe = min(self.config.ivf_nprobe, nlist)
+            inner.nprobe = self.config.nprobe(nlist)
             self._quantizer = quantizer  # keep the Python object alive with the index
             self.trained_on = expected
         else:
@@ -161,12 +163,14 @@ class FaissVectorIndex:
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
         if self.ntotal == 0 or len(queries) == 0:
             return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in range(len(queries))]
-        lims, scores, ids = self._index.range_search(queries, float(threshold) - 1e-6)
         out = []
-        for q in range(len(queries)):
-            s, i = scores[lims[q]:lims[q + 1]], ids[lims[q]:lims[q + 1]].astype(np.int64)
-            keep = s >= threshold
-            out.append((i[keep], s[keep]))
+        for lo in range(0, len(queries), RANGE_BATCH):  # bounded result buffers on any batch size
+            part = queries[lo:lo + RANGE_BATCH]
+            lims, scores, ids = self._index.range_search(part, float(threshold) - 1e-6)
+            for q in range(len(part)):
+                s, i = scores[lims[q]:lims[q + 1]], ids[lims[q]:lims[q + 1]].astype(np.int64)
+                keep = s >= threshold
+                out.append((i[keep], s[keep]))
         return out
 
     def _search_index(self):
@@ -216,6 +220,6 @@ class FaissVectorIndex:
         obj._index = index
         obj._inner = obj._faiss.downcast_index(index.index)
         if hasattr(obj._inner, "nprobe"):
-            obj._inner.nprobe = min(obj.config.ivf_nprobe, obj._inner.nlist)
+            obj._inner.nprobe = obj.config.nprobe(obj._inner.nlist)
             obj.trained_on = obj.ntotal  # retrained once grown retrain_growth times past this
         return obj

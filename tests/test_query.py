@@ -97,6 +97,60 @@ def test_strongest_path_prefers_the_likelier_walk():
     assert strongest_path(snap, Seeds(entities={0: 1.0}), 1) == ([], 0.0)
 
 
+def _brute_force_path_score(snap, seeds: dict[int, float], target: int) -> float:
+    """Best seed-weighted walk probability over every walk of 1-3 edges ending at ``target``
+    whose inner nodes after the first step are entities (enumerated, no search)."""
+    p, out = snap.n_passages, snap.out_weight
+
+    def step(u, v):
+        nb, w = snap.neighbors(u)
+        hit = np.flatnonzero(nb == v)
+        return float(w[hit[0]] / out[u]) if hit.size and out[u] > 0 else 0.0
+
+    best = 0.0
+    for e, weight in seeds.items():
+        s = p + e
+        for a in snap.neighbors(s)[0].tolist():
+            if a == target:
+                best = max(best, weight * step(s, a))
+                continue
+            for b in snap.neighbors(a)[0].tolist():
+                if b == target and a >= p:
+                    best = max(best, weight * step(s, a) * step(a, b))
+                elif b >= p and b != target:
+                    best = max(best, weight * step(s, a) * step(a, b) * step(b, target))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_strongest_path_equals_brute_force_on_random_graphs(seed):
+    from hipgraph.query.ppr import to_csr
+    from hipgraph.query.snapshot import _assemble
+
+    rng = np.random.default_rng(seed)
+    n_p, n_e = 12, 15
+    src = np.concatenate([rng.integers(0, n_p, 40), n_p + rng.integers(0, n_e, 25)])
+    dst = n_p + rng.integers(0, n_e, 65)
+    keep = src != dst
+    indptr, indices, weights = to_csr(n_p + n_e, src[keep], dst[keep], rng.integers(1, 4, keep.sum()).astype(float))
+    arrays = {"passage_ids": np.arange(n_p), "entity_ids": np.arange(n_e), "indptr": indptr, "indices": indices,
+              "weights": weights, "entity_passage_indptr": np.zeros(n_e + 1, np.int64),
+              "entity_passage_indices": np.zeros(0, np.int32), "fact_ids": np.zeros(0, np.int64),
+              "fact_subject": np.zeros(0, np.int32), "fact_object": np.zeros(0, np.int32)}
+    snap = _assemble(0, arrays)
+    seeds = {int(e): float(rng.random() + 0.1) for e in rng.choice(n_e, 3, replace=False)}
+    for target in range(n_p):
+        path, score = strongest_path(snap, Seeds(entities=seeds), target)
+        assert score == pytest.approx(_brute_force_path_score(snap, seeds, target), abs=1e-12)
+        if path:  # the path is a walk along stored edges whose probability is the score
+            assert path[-1] == target and path[0] - n_p in seeds and 2 <= len(path) <= 4
+            prob = seeds[path[0] - n_p]
+            for u, v in zip(path, path[1:], strict=False):
+                nb, w = snap.neighbors(u)
+                prob *= float(w[nb == v][0] / snap.out_weight[u])
+            assert prob == pytest.approx(score, abs=1e-12)
+
+
 def test_snapshot_is_cached_memory_mapped_and_invalidated_by_writes(inline_index, inline_docs):
     hg = inline_index
     hg.retrieve(MULTIHOP, k=2)

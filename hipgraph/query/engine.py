@@ -40,7 +40,7 @@ from hipgraph.query.linking import EntityNames, QuestionSpans
 from hipgraph.query.memory import apply_time, asks_about_past, parse_question_dates
 from hipgraph.query.snapshot import GraphSnapshot, current_snapshot
 from hipgraph.query.validity import FactTime, fact_times, fact_weights
-from hipgraph.store.database import GraphStore
+from hipgraph.store.database import GraphStore, id_list
 from hipgraph.store.vector_set import VectorSet
 from hipgraph.temporal import TimeRange, event_relative, parse_time, resolve_range
 from hipgraph.types import Hit
@@ -521,8 +521,8 @@ class Retriever:
     def _facts_of(self, fact_ids: list[int]) -> dict[int, dict[str, str]]:
         if not fact_ids:
             return {}
-        rows = self.store.con.execute("""
-            SELECT f.id, s.name, f.relation, o.name FROM facts f
-            JOIN entities s ON s.id = f.subject_id JOIN entities o ON o.id = f.object_id
-            WHERE f.id IN (SELECT unnest(?::BIGINT[]))""", [sorted(set(fact_ids))]).fetchall()
-        return {int(i): {"subject": s, "relation": r, "object": o} for i, s, r, o in rows}
+        names = self.entity_names().by_id
+        rows = self.store.con.execute(
+            f"SELECT id, subject_id, relation, object_id FROM facts WHERE id IN ({id_list(fact_ids)})").fetchall()
+        return {int(i): {"subject": names.get(int(s), ""), "relation": r, "object": names.get(int(o), "")}
+                for i, s, r, o in rows}

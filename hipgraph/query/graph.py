@@ -131,54 +131,71 @@ def strongest_path(snapshot: GraphSnapshot, seeds: Seeds, target: int) -> tuple[
     """The most probable walk of at most three edges from an entity seed to passage ``target``.
 
     A walk's score is the seed weight times the product of its transition probabilities
-    ``w(u, v) / out(u)``. Returns ``(nodes from seed to target, score)``, empty when no seed lies
-    within three edges.
+    ``w(u, v) / out(u)``; walks pass through entities (the node after the seed may be any node).
+    Returns ``(nodes from seed to target, score)``, empty when no seed lies within three edges;
+    ties go to the smaller seed, then the smaller next node. Meets in the middle: the target's
+    entities are matched against each seed's neighbours by binary search in the sorted CSR rows,
+    so hub entities cost a logarithm, not their degree.
     """
     p = snapshot.n_passages
     seed_nodes = {p + e: w for e, w in seeds.entities.items()}
     if not seed_nodes:
         return [], 0.0
-    out = snapshot.out_weight
-    indptr, indices, weights = snapshot.indptr, snapshot.indices, snapshot.weights
-    # reach[u]: probability of the best walk u -> ... -> target found so far; nxt[u]: its next node
-    reach = np.zeros(snapshot.n_nodes)
-    nxt = np.full(snapshot.n_nodes, -1, dtype=np.int64)
-    reach[target] = 1.0
-    frontier = np.array([target], dtype=np.int64)
-    for _ in range(2):
-        starts = indptr[frontier]
-        lens = indptr[frontier + 1] - starts
-        total = int(lens.sum())
-        if total == 0:
-            break
-        edge = np.repeat(starts - np.cumsum(lens) + lens, lens) + np.arange(total)
-        u = indices[edge].astype(np.int64)
-        v = np.repeat(frontier, lens)
-        ou = out[u]
-        ok = ou > 0
-        u, v, prob = u[ok], v[ok], reach[v[ok]] * weights[edge][ok] / ou[ok]
-        order = np.lexsort((v, -prob))  # best walk per node first; ties to the smaller next node
-        nodes, first = np.unique(u[order], return_index=True)
-        prob, via = prob[order][first], v[order][first]
-        better = prob > reach[nodes]
-        nodes, prob, via = nodes[better], prob[better], via[better]
-        reach[nodes] = prob
-        nxt[nodes] = via
-        frontier = nodes[nodes >= p]  # walks continue through entities only
-    for s in seed_nodes:  # third edge: seed -> a node already reached
-        if reach[s] > 0 or out[s] <= 0:
+    out = np.asarray(snapshot.out_weight)  # plain views: memmap indexing is slow per call
+    indptr, indices, weights = (np.asarray(a) for a in (snapshot.indptr, snapshot.indices, snapshot.weights))
+
+    def row(u: int) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = int(indptr[u]), int(indptr[u + 1])
+        return indices[lo:hi].astype(np.int64), weights[lo:hi]
+
+    # the walk's last step: b -> target for the target's neighbours b (entities)
+    b_nodes, b_w = row(target)
+    keep = (b_nodes >= p) & (out[b_nodes] > 0)
+    b_nodes, r1 = b_nodes[keep], b_w[keep] / out[b_nodes[keep]]
+
+    b_order = np.argsort(b_nodes)
+    b_sorted, r1_sorted = b_nodes[b_order], r1[b_order]
+
+    def to_target(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Best probability of reaching the target from each ``x`` in at most two edges (through
+        one of the target's entities), and the next node of that walk (-1: none)."""
+        best = np.zeros(xs.size)
+        via = np.full(xs.size, -1, np.int64)
+        if b_sorted.size:  # one edge x -> target (kept on ties, as the shorter walk)
+            at = np.minimum(np.searchsorted(b_sorted, xs), b_sorted.size - 1)
+            one = b_sorted[at] == xs
+            best[one], via[one] = r1_sorted[at[one]], target
+        ox = out[xs]
+        for b, rb in zip(b_sorted.tolist(), r1_sorted.tolist(), strict=True):  # two edges x -> b -> target
+            nb, wb = row(b)  # w(x, b) = w(b, x): the CSR is symmetric
+            if nb.size == 0:
+                continue
+            at = np.minimum(np.searchsorted(nb, xs), nb.size - 1)
+            hit = (nb[at] == xs) & (ox > 0) & (xs != target)
+            prob = np.zeros(xs.size)
+            prob[hit] = rb * wb[at[hit]] / ox[hit]
+            better = prob > best
+            best[better], via[better] = prob[better], b
+        return best, via
+
+    best_score, best_path = 0.0, []
+    for s in sorted(seed_nodes):
+        if out[s] <= 0:
             continue
-        lo, hi = int(indptr[s]), int(indptr[s + 1])
-        nbrs = indices[lo:hi]
-        prob = reach[nbrs] * weights[lo:hi] / out[s]
-        if prob.size and prob.max() > 0:
-            j = int(np.argmax(prob))
-            reach[s], nxt[s] = prob[j], int(nbrs[j])
-    scored = [(w * reach[s], s) for s, w in seed_nodes.items() if reach[s] > 0]
-    if not scored:
-        return [], 0.0
-    score, node = max(scored, key=lambda t: (t[0], -t[1]))
-    path = [node]
-    while nxt[path[-1]] != -1:
-        path.append(int(nxt[path[-1]]))
-    return path, float(score)
+        own, own_via = to_target(np.array([s], np.int64))  # one or two edges
+        if own[0] > 0:
+            path = [s, int(own_via[0])] + ([target] if own_via[0] != target else [])
+            score = seed_nodes[s] * own[0]
+        else:  # three edges: s -> x -> b -> target
+            xs, wx = row(s)
+            reach, via = to_target(xs)
+            prob = reach * wx / out[s]
+            if prob.size == 0 or prob.max() <= 0:
+                continue
+            j = int(np.argmax(prob))  # first maximum: the smallest x
+            x = int(xs[j])
+            path = [s, x] + ([int(via[j])] if via[j] != target else []) + [target]
+            score = seed_nodes[s] * float(prob[j])
+        if score > best_score:
+            best_score, best_path = float(score), path
+    return best_path, best_score

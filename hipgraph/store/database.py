@@ -21,7 +21,7 @@ from hipgraph.errors import (
     SchemaVersionError,
     StoreError,
 )
-from hipgraph.store.schema import ID_KINDS, SCHEMA_VERSION, VECTOR_KINDS, ddl
+from hipgraph.store.schema import ID_KINDS, SCHEMA_VERSION, VECTOR_KINDS, ddl, index_ddl
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +131,9 @@ class GraphStore:
                 store._create_schema(dimension, meta)
                 store.created = True
             store._check_version()
+            if not read_only:
+                for statement in index_ddl():
+                    con.execute(statement)
         except BaseException:
             con.close()
             raise
@@ -330,6 +333,12 @@ class GraphStore:
             "facts": count("SELECT count(*) FROM facts"),
             "edges": edges,
         }
+
+
+def id_list(ids) -> str:
+    """Integer ids as a SQL list literal (sorted, distinct): a constant ``IN`` list lets DuckDB
+    look rows up through the id indexes instead of scanning the table."""
+    return ",".join(str(int(i)) for i in sorted({int(i) for i in ids})) or "NULL"
 
 
 def _vector_batch(ids: Any, vecs: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:

@@ -49,3 +49,13 @@ def ddl(dimension: int) -> list[str]:
             model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, passage_hash VARCHAR NOT NULL,
             step VARCHAR NOT NULL, response VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL)""",
     ]
+
+
+# point lookups by id on the query path (a hit's passage and document, a seed fact): ART indexes,
+# so their cost does not grow with the index (no uniqueness constraint: the writer keeps ids unique)
+LOOKUP_INDEXES = ("documents", "passages", "entities", "facts")
+
+
+def index_ddl() -> list[str]:
+    """CREATE INDEX statements (idempotent; also run on opening an index written without them)."""
+    return [f"CREATE INDEX IF NOT EXISTS {table}_id_idx ON {table} (id)" for table in LOOKUP_INDEXES]

@@ -89,6 +89,8 @@ def main() -> int:
     parser.add_argument("--synthetic-questions", type=int, default=10000, help="corpus size of scale.py's questions")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--nprobe", default="8,16,32,64")
+    parser.add_argument("--no-hnsw", action="store_true", help="skip HNSW (slow to build on many vectors)")
+    parser.add_argument("--encodings", default="sq8,flat")
     args = parser.parse_args()
 
     from hipgraph.config import VectorIndexConfig  # noqa: PLC0415
@@ -105,7 +107,7 @@ def main() -> int:
     exact_top = [ref.search(q[None, :], 10)[1][0] for q in queries]
     flat["recall@10"] = 1.0
     rows = [flat]
-    for encoding in ("sq8", "flat"):
+    for encoding in args.encodings.split(","):
         for nprobe in [int(x) for x in args.nprobe.split(",")]:
             cfg = VectorIndexConfig(kind="ivf", min_train_size=1, ivf_nprobe=nprobe, ivf_encoding=encoding,
                                     use_gpu="never")
@@ -114,8 +116,9 @@ def main() -> int:
     auto = VectorIndexConfig(kind="ivf", min_train_size=1, use_gpu="never")
     label = f"auto default: ivf-sq8 nlist={auto.nlist(len(ids))} nprobe={auto.nprobe(auto.nlist(len(ids)))}"
     rows.append(measure(label, auto, ids, vecs, queries, exact_top))
-    rows.append(measure("hnsw M=32 ef=128", VectorIndexConfig(kind="hnsw", use_gpu="never"), ids, vecs, queries,
-                        exact_top))
+    if not args.no_hnsw:
+        rows.append(measure("hnsw M=32 ef=128", VectorIndexConfig(kind="hnsw", use_gpu="never"), ids, vecs, queries,
+                            exact_top))
     print(f"{'layout':38s} {'build s':>8s} {'B/vector':>9s} {'p50 ms':>8s} {'recall@10':>10s}")
     for r in rows:
         print(f"{r['layout']:38s} {r['build_s']:8.2f} {r['bytes_per_vector']:9.1f} {r['search_p50_ms']:8.3f} "

@@ -98,13 +98,13 @@ def test_batch_work_travels_as_one_arrow_row_unchanged():
 
 
 def test_hashing_embedder_is_deterministic_and_word_based():
-    emb = HashingEmbedder(EmbedderConfig(name="hashing", dimension=64))
+    emb = HashingEmbedder(EmbedderConfig(name="hashing", dimension=384))
     a, b, c, d = emb.embed(["Kalo Mirten founded Vas Labs", "kalo mirten founded vas labs!",
                             "Kalo Mirten", "a completely different sentence"])
     assert np.allclose(np.linalg.norm(emb.embed(["x y", ""]), axis=1), 1.0)
     assert np.allclose(a, b)  # case and punctuation do not matter
-    assert a @ c > 0.5 > abs(a @ d)  # shared words make vectors close
-    again = HashingEmbedder(EmbedderConfig(name="hashing", dimension=64), cache_words=1)
+    assert a @ c > 0.45 and abs(a @ d) < 0.25  # 2 of 5 words shared: cosine about 0.63; none: about 0
+    again = HashingEmbedder(EmbedderConfig(name="hashing", dimension=384), cache_words=1)
     assert np.allclose(again.embed(["Kalo Mirten founded Vas Labs"])[0], a)  # cache-independent
 
 
@@ -118,3 +118,16 @@ def test_executor_options_are_checked(tmp_path):
     assert bad.returncode != 0 and "--ray-address needs --executor ray" in bad.stderr
     bad = run_cli("index", "--db", str(tmp_path / "x"), str(tmp_path / "none.jsonl"), "--workers", "0")
     assert bad.returncode != 0 and "--workers must be >= 1" in bad.stderr
+
+
+def test_cli_ray_executor_on_a_local_cluster(tmp_path, docs):
+    import json
+
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps(d) + "\n" for d in docs[:4]))
+    ray_db, local_db = tmp_path / "ray", tmp_path / "local"
+    out = run_cli("index", "--db", str(ray_db), str(source), "--executor", "ray", "--workers", "2", "--json", "-q",
+                  timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert run_cli("index", "--db", str(local_db), str(source), "--json", "-q").returncode == 0
+    assert_same_index(dump_index(local_db), dump_index(ray_db))

@@ -14,6 +14,7 @@ Chosen by name through the registry (``ray`` needs ``pip install 'hipgraph[ray]'
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -23,7 +24,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 from hipgraph import registry
-from hipgraph.config import EmbedderConfig, IndexConfig
+from hipgraph.config import IndexConfig
 from hipgraph.errors import ConfigError
 from hipgraph.indexers.compute import (
     BatchWork,
@@ -58,6 +59,8 @@ def create_executor(name: str, config: IndexConfig, *, dimension: int, workers: 
                     extractor_factory: Callable[[], Extractor] | None = None,
                     embedder: Embedder | None = None) -> Executor:
     """The executor ``name`` (local | ray) for an index built with ``config``."""
+    if name not in ("local", "ray"):
+        raise ConfigError(f"executor must be local or ray, got {name!r}")
     if workers is not None and workers < 1:
         raise ConfigError(f"workers must be >= 1, got {workers}")
     if name == "local" and not workers:
@@ -74,10 +77,11 @@ def create_executor(name: str, config: IndexConfig, *, dimension: int, workers: 
     return registry.create("executor", name, config, dimension=dimension, workers=workers, address=address)
 
 
-def _in_order(futures: deque) -> Iterator[Any]:
-    while futures:
-        key, future = futures.popleft()
-        yield key, future.result()
+def _drain(pending: deque, keep: int) -> Iterator[tuple[Any, Any]]:
+    """Results of the oldest futures, in submission order, until ``keep`` remain in flight."""
+    while len(pending) > keep:
+        key, future = pending.popleft()
+        yield key, future.result()  # re-raises a worker's error: that batch is not written
 
 
 class ThreadExecutor:
@@ -102,9 +106,8 @@ class ThreadExecutor:
         pending: deque[tuple[Any, Future]] = deque()
         for key, docs in batches:
             pending.append((key, self._pool.submit(self._work, docs)))
-            while len(pending) > 1:
-                yield from _in_order(deque([pending.popleft()]))
-        yield from _in_order(pending)
+            yield from _drain(pending, keep=1)
+        yield from _drain(pending, keep=0)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -131,8 +134,7 @@ def _process_work(config_json: str, docs_json: str) -> BatchWork:
 
 def _with_threads(config: IndexConfig, threads: int) -> IndexConfig:
     """``config`` whose embedder uses ``threads`` torch threads (workers share the cores)."""
-    emb: EmbedderConfig = config.embedder
-    return config.replace(embedder=emb.__class__(**{**emb.__dict__, "threads": emb.threads or threads}))
+    return config.replace(embedder=dataclasses.replace(config.embedder, threads=config.embedder.threads or threads))
 
 
 class ProcessExecutor:
@@ -153,9 +155,8 @@ class ProcessExecutor:
         pending: deque[tuple[Any, Future]] = deque()
         for key, docs in batches:
             pending.append((key, self._pool.submit(_process_work, self._config_json, documents_to_json(docs))))
-            while len(pending) > 2 * self.workers:
-                yield from _in_order(deque([pending.popleft()]))
-        yield from _in_order(pending)
+            yield from _drain(pending, keep=2 * self.workers)
+        yield from _drain(pending, keep=0)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -101,43 +101,56 @@ class PatternExtractor:
 
 
 def build_and_query(size: int, root: Path, n_queries: int, synthetic: bool, workers: int | None,
-                    batch_size: int | None = None) -> dict:
-    """One size, in this process (called in a child per size)."""
+                    batch_size: int | None = None, query_only: bool = False) -> dict:
+    """One size, in this process (called in a child per size). With ``query_only``, the index
+    built by an earlier run is reopened and only queried (its build figures are read back)."""
     import resource  # noqa: PLC0415
 
     import hipgraph  # noqa: PLC0415
     from hipgraph import registry  # noqa: PLC0415
     from hipgraph.config import EmbedderConfig, ExtractorConfig, IndexConfig  # noqa: PLC0415
 
+    def rss_mb() -> float:
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
     path = root / f"n{size}{'-synthetic' if synthetic else ''}"
-    shutil.rmtree(path, ignore_errors=True)
+    record = root / f"{path.name}.build.json"
     docs, questions = synthetic_corpus(size)
     config = None
     if synthetic:
         registry.register("extractor", "pattern", "__main__:PatternExtractor")
         config = IndexConfig(extractor=ExtractorConfig(name="pattern"), embedder=EmbedderConfig(name="hashing"))
-    t0 = time.perf_counter()
-    with hipgraph.open(path, create=True, config=config) as hg:
-        report = hg.add_documents(docs, workers=workers, batch_size=batch_size)
-        build = time.perf_counter() - t0
-        stats = dict(hg.stats())
+    if query_only:
+        for _ in docs:  # the questions are drawn while the corpus streams
+            pass
+        out = json.loads(record.read_text())
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+        t0 = time.perf_counter()
+        with hipgraph.open(path, create=True, config=config) as hg:
+            report = hg.add_documents(docs, workers=workers, batch_size=batch_size)
+            build = time.perf_counter() - t0
+            stats = dict(hg.stats())
+            out = {"size": size, "mode": "synthetic vectors+extractions" if synthetic else "synthetic text",
+                   "batch_size": batch_size or hg.config.batch_size, "workers": workers or 0,
+                   "build_s": round(build, 1), "passages": stats["passages"],
+                   "entities": stats["entities"], "facts": stats["facts"],
+                   "stages_s": {k: round(v, 1) for k, v in report.seconds.items()},
+                   "layouts": {k: v.layout for k, v in hg.vectors.indexes.items()},
+                   "build_peak_rss_mb": rss_mb()}
+        out["disk_mb"] = round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20, 1)
+        record.write_text(json.dumps(out))
+    with hipgraph.open(path) as hg:  # reopened: queries as a user's later session runs them
         qs = questions[:n_queries]
-        out = {"size": size, "mode": "synthetic vectors+extractions" if synthetic else "synthetic text",
-               "batch_size": batch_size or hg.config.batch_size,
-               "build_s": round(build, 1), "passages": stats["passages"],
-               "entities": stats["entities"], "facts": stats["facts"],
-               "stages_s": {k: round(v, 1) for k, v in report.seconds.items()},
-               "layouts": {k: v.layout for k, v in hg.vectors.indexes.items()}}
         for mode in ("dense", "graph"):
-            hg.retrieve_many(qs[:4], k=5, mode=mode)  # warm-up
+            hg.retrieve_many(qs[:4], k=5, mode=mode)  # warm-up (and the graph snapshot)
             times = []
             for q in qs:
                 t = time.perf_counter()
                 hg.retrieve(q, k=5, mode=mode)
                 times.append(1000 * (time.perf_counter() - t))
             out[f"{mode}_p50_ms"] = round(statistics.median(times), 2)
-    out["disk_mb"] = round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20, 1)
-    out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    out["peak_rss_mb"] = rss_mb()
     return out
 
 
@@ -149,28 +162,31 @@ def main() -> int:
     parser.add_argument("--synthetic", action="store_true", help="synthetic vectors and extractions (labelled)")
     parser.add_argument("--workers", type=int, default=None, help="local worker processes for the build")
     parser.add_argument("--batch-size", type=int, default=None, help="documents per committed batch (256)")
+    parser.add_argument("--query-only", action="store_true", help="query the indexes of an earlier run again")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # child mode
     args = parser.parse_args()
     if args.one is not None:
         print(json.dumps(build_and_query(args.one, args.out, args.queries, args.synthetic, args.workers,
-                                         args.batch_size)))
+                                         args.batch_size, args.query_only)))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for size in [int(s) for s in args.sizes.split(",") if s]:
         extra = ((["--synthetic"] if args.synthetic else []) + (["--workers", str(args.workers)] if args.workers else [])
-                 + (["--batch-size", str(args.batch_size)] if args.batch_size else []))
+                 + (["--batch-size", str(args.batch_size)] if args.batch_size else [])
+                 + (["--query-only"] if args.query_only else []))
         proc = subprocess.run([sys.executable, __file__, "--one", str(size), "--out", str(args.out),
                                "--queries", str(args.queries), *extra], capture_output=True, text=True, check=True)
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), file=sys.stderr)
-    print(f"mode: {rows[0]['mode'] if rows else '-'}")
+    print(f"mode: {rows[0]['mode'] if rows else '-'}; peak RSS: of the build, and of the whole process "
+          f"({'querying only' if args.query_only else 'build and queries'})")
     print(f"{'passages':>9s} {'build s':>8s} {'pass/s':>7s} {'disk MB':>8s} {'B/passage':>10s} "
-          f"{'peak RSS MB':>12s} {'dense p50':>10s} {'graph p50':>10s}")
+          f"{'build RSS MB':>13s} {'peak RSS MB':>12s} {'dense p50':>10s} {'graph p50':>10s}")
     for r in rows:
         print(f"{r['passages']:9d} {r['build_s']:8.1f} {r['passages'] / r['build_s']:7.1f} {r['disk_mb']:8.1f} "
-              f"{r['disk_mb'] * 2**20 / r['passages']:10.0f} {r['peak_rss_mb']:12.1f} "
-              f"{r['dense_p50_ms']:10.2f} {r['graph_p50_ms']:10.2f}")
+              f"{r['disk_mb'] * 2**20 / r['passages']:10.0f} {r.get('build_peak_rss_mb', float('nan')):13.1f} "
+              f"{r['peak_rss_mb']:12.1f} {r['dense_p50_ms']:10.2f} {r['graph_p50_ms']:10.2f}")
     for a, b in zip(rows, rows[1:], strict=False):
         print(f"{a['passages']} -> {b['passages']} passages (x{b['passages'] / a['passages']:.1f}): build "
               f"x{b['build_s'] / a['build_s']:.2f}, disk x{b['disk_mb'] / a['disk_mb']:.2f}, "

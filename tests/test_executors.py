@@ -131,3 +131,15 @@ def test_cli_ray_executor_on_a_local_cluster(tmp_path, docs):
     assert out.returncode == 0, out.stderr
     assert run_cli("index", "--db", str(local_db), str(source), "--json", "-q").returncode == 0
     assert_same_index(dump_index(local_db), dump_index(ray_db))
+
+
+def test_conversations_through_worker_processes_give_the_same_memory(tmp_path, embedder):
+    from test_conversations import _conversation
+
+    paths = {"local": tmp_path / "local", "workers": tmp_path / "workers"}
+    for name, path in paths.items():
+        with hipgraph.open(path, create=True, config=index_config(), embedder=embedder) as hg:
+            hg.add_conversation(_conversation(), **({"workers": 2} if name == "workers" else {}))
+            hits = hg.retrieve("Where did Ana move in June?", k=2)
+            assert hits[0].turn_ids and hits[0].conversation == "ana-ben"  # unit metadata survived the trip
+    assert_same_index(dump_index(paths["local"]), dump_index(paths["workers"]))

@@ -200,8 +200,9 @@ def _concat_rows(rows: list[dict[str, Any]]):
 
 class RayExecutor:
     """Ray Data over windows of batches: ``map_batches`` extraction tasks (1 CPU each) feed an
-    actor pool of embedders (``num_gpus=1`` each when the cluster has GPUs). Order is preserved;
-    a window holds ``2 x workers`` batches so memory stays bounded on any input size."""
+    actor pool of embedders (``num_gpus=1`` each when the cluster has GPUs). Results are handed
+    back in input order (by sequence number); a window holds ``2 x workers`` batches so memory
+    stays bounded on any input size."""
 
     name = "ray"
 
@@ -225,17 +226,13 @@ class RayExecutor:
         self.embed_actors = max(1, self.gpus) if self.gpus else max(1, self.workers // 2)
         self._config_json = _with_threads(config, 1 if not self.gpus else 2).to_json()
         self.dimension = dimension
-        import ray.data  # noqa: PLC0415
-
-        ctx = ray.data.DataContext.get_current()
-        ctx.execution_options.preserve_order = True
-        ctx.enable_progress_bars = False
         logger.info("ray executor: %d CPUs, %d GPUs, %d extraction workers, %d embedding actors",
                     self.cpus, self.gpus, self.workers, self.embed_actors)
 
     def _run(self, window: list[tuple[Any, list[Document]]]) -> Iterator[tuple[Any, BatchWork]]:
         import ray.data  # noqa: PLC0415
 
+        ray.data.DataContext.get_current().enable_progress_bars = False  # hipgraph shows its own
         items = [{"seq": i, "docs": documents_to_json(docs)} for i, (_, docs) in enumerate(window)]
         ds = ray.data.from_items(items, override_num_blocks=len(items))
         ds = ds.map_batches(_ray_extract, fn_kwargs={"config_json": self._config_json}, batch_size=1,
@@ -244,10 +241,17 @@ class RayExecutor:
         ds = ds.map_batches(RayEmbedActor, fn_constructor_kwargs={"config_json": self._config_json},
                             batch_size=1, batch_format="pyarrow",
                             compute=ray.data.ActorPoolStrategy(size=self.embed_actors), **gpu)
+        done: dict[int, BatchWork] = {}
+        next_seq = 0
         for table in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
             for row in table.to_pylist():
                 seq, work = from_arrow(row, self.dimension)
-                yield window[seq][0], work
+                done[seq] = work
+            while next_seq in done:  # input order, whatever order Ray finished in
+                yield window[next_seq][0], done.pop(next_seq)
+                next_seq += 1
+        if done or next_seq != len(window):
+            raise RuntimeError(f"ray returned {next_seq} of {len(window)} batches in order")
 
     def map(self, batches):
         window: list[tuple[Any, list[Document]]] = []

@@ -19,7 +19,7 @@ from hipgraph.config import (
 )
 from hipgraph.errors import ConfigError, StoreError
 from hipgraph.indexers.extract_base import Extractor
-from hipgraph.indexers.pipeline import Indexer, Progress
+from hipgraph.indexers.pipeline import Indexer, Progress, release_freed_memory
 from hipgraph.models.base import Embedder
 from hipgraph.models.chat import ChatClient
 from hipgraph.query.engine import MODES, Retriever
@@ -395,6 +395,13 @@ class HipGraph:
             self._retriever.close()
         if self.store is not None:
             self.store.close()
+        # a closed index holds no vectors or graph in memory, even while the object lives on
+        # (a large index's FAISS files and snapshot are gigabytes)
+        if getattr(self, "vectors", None) is not None:
+            self.vectors.indexes.clear()
+        self._retriever = None
+        self._indexer = None
+        release_freed_memory()
 
     def __enter__(self) -> HipGraph:
         return self

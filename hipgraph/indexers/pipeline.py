@@ -236,7 +236,7 @@ class Indexer:
                 [fact_text(s, r, o) for s, r, o, kind in batch.new_facts if kind == "triple"])
             self._write(batch, batch.report)
         report.merge(batch.report)
-        _release_freed_memory()
+        release_freed_memory()
         if progress:
             progress(batch.seen)
 
@@ -395,7 +395,7 @@ def _timed(report: IndexReport, stage: str):
         report.seconds[stage] = report.seconds.get(stage, 0.0) + time.perf_counter() - t0
 
 
-def _release_freed_memory() -> None:
+def release_freed_memory() -> None:
     """Hand memory freed by a batch back to the OS (glibc keeps it otherwise; peak RSS grows)."""
     trim = _malloc_trim()
     if trim is not None:

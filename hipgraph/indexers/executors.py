@@ -114,22 +114,23 @@ class ThreadExecutor:
 
 
 # ---------------------------------------------------------------------- worker processes
-_WORKER: dict[str, Any] = {}
+@functools.lru_cache(maxsize=2)
+def _extractor_for(config_json: str) -> tuple[IndexConfig, Extractor]:
+    """This process's extractor for ``config_json`` (made once per worker process)."""
+    config = IndexConfig.from_json(config_json)
+    return config, registry.create("extractor", config.extractor.name, config.extractor)
 
 
-def _worker_models(config_json: str) -> tuple[IndexConfig, Extractor, Embedder]:
-    """This process's extractor and embedder for ``config_json`` (made once per process)."""
-    if _WORKER.get("key") != config_json:
-        config = IndexConfig.from_json(config_json)
-        _WORKER.update(key=config_json, config=config,
-                       extractor=registry.create("extractor", config.extractor.name, config.extractor),
-                       embedder=registry.create("embedder", config.embedder.name, config.embedder))
-    return _WORKER["config"], _WORKER["extractor"], _WORKER["embedder"]
+@functools.lru_cache(maxsize=2)
+def _embedder_for(config_json: str) -> Embedder:
+    """This process's embedder for ``config_json`` (made once per worker process or actor)."""
+    config = IndexConfig.from_json(config_json)
+    return registry.create("embedder", config.embedder.name, config.embedder)
 
 
 def _process_work(config_json: str, docs_json: str) -> BatchWork:
-    config, extractor, embedder = _worker_models(config_json)
-    return embed_batch(extract_batch(documents_from_json(docs_json), config, extractor), embedder)
+    config, extractor = _extractor_for(config_json)
+    return embed_batch(extract_batch(documents_from_json(docs_json), config, extractor), _embedder_for(config_json))
 
 
 def _with_threads(config: IndexConfig, threads: int) -> IndexConfig:
@@ -171,18 +172,11 @@ def _ray_extract(batch: dict[str, Any], config_json: str) -> dict[str, Any]:
     return _concat_rows(rows)
 
 
-@functools.lru_cache(maxsize=2)
-def _extractor_for(config_json: str) -> tuple[IndexConfig, Extractor]:
-    config = IndexConfig.from_json(config_json)
-    return config, registry.create("extractor", config.extractor.name, config.extractor)
-
-
 class RayEmbedActor:
     """Ray actor holding one embedder; embeds the rows :func:`_ray_extract` produced."""
 
     def __init__(self, config_json: str):
-        self.config = IndexConfig.from_json(config_json)
-        self.embedder = registry.create("embedder", self.config.embedder.name, self.config.embedder)
+        self.embedder = _embedder_for(config_json)
 
     def __call__(self, batch):
         rows = []

@@ -211,11 +211,12 @@ class VectorIndexConfig:
 class GraphRetrievalConfig:
     """Graph mode (HippoRAG-2 style): facts and question entities seed a personalized PageRank.
 
-    The question is matched to stored facts by cosine; the top ``fact_top_k`` facts give their
-    subject and object entities a seed weight of (min-max normalised fact score) / (number of
-    passages mentioning the entity), kept for the ``entity_top_k`` strongest entities. Named
-    entities and capitalised spans of the question are linked to entity nodes by name, or by
-    embedding when cosine >= ``link_threshold``, each seeded with ``link_weight`` / passages.
+    The question is matched to stored facts by cosine; those of the top ``fact_top_k`` with
+    cosine >= ``min_fact_score`` give their subject and object entities a seed weight of
+    ``fact_weight`` x cosine / (number of passages mentioning the entity), the maximum over facts,
+    kept for the ``entity_top_k`` strongest entities. Named entities and capitalised spans of the
+    question are linked to entity nodes by name, or by embedding when cosine >=
+    ``link_threshold``, each adding ``link_weight`` / passages (linked entities are never cut).
     Every one of the ``passage_candidates`` best passages by dense score is seeded with
     ``passage_weight`` x its min-max normalised score. PPR (``damping``) then ranks passages.
     When no fact reaches ``min_fact_score`` and no question entity links, dense ranking is used.

@@ -333,10 +333,15 @@ class Retriever:
     def _rank_hybrid(self, questions: list[str], depth: int, cfg: RetrievalConfig,
                      when: list[tuple[datetime | None, bool]] | None = None) -> list[Ranked]:
         depth_each = max(depth, cfg.fusion_depth)
-        # graph and dense share one embedding of the questions
-        qvec = (self._embedder().embed(questions)
-                if {"graph", "dense"} <= set(cfg.hybrid_modes) else None)
-        parts = {m: self.rank(questions, depth_each, m, cfg, qvec, when) for m in cfg.hybrid_modes}
+        # graph and dense share one embedding call: graph's (the questions with their unlinked
+        # entity spans), whose question rows dense reuses
+        done: dict[str, list[Ranked]] = {}
+        qvec = None
+        if "graph" in cfg.hybrid_modes:
+            run = self.graph_run(questions, cfg, None, when)
+            done["graph"], qvec = self.rank_run(run, depth_each, cfg.graph), run.qvec
+        parts = {m: done[m] if m in done else self.rank(questions, depth_each, m, cfg, qvec, when)
+                 for m in cfg.hybrid_modes}
         out: list[Ranked] = []
         for q in range(len(questions)):
             fused: dict[int, float] = {}

@@ -26,6 +26,12 @@ def faiss_path(root: Path, kind: str) -> Path:
     return root / f"{kind}.faiss"
 
 
+def trained_on_key(kind: str) -> str:
+    """The meta key holding how many vectors ``kind``'s saved IVF layout was trained for (a FAISS
+    file does not record it; retraining is due ``retrain_growth`` times past it, across reopens)."""
+    return f"vectors.{kind}.trained_on"
+
+
 class VectorSet:
     """Per-kind :class:`FaissVectorIndex` objects whose ids are the DuckDB ids."""
 
@@ -62,6 +68,9 @@ class VectorSet:
                 elif not np.array_equal(index.ids(), db_ids):
                     reason = "stale (id sets differ)"
                 else:
+                    trained_on = self.store.meta_get(trained_on_key(kind))
+                    if index.layout == "ivf" and trained_on:
+                        index.trained_on = int(trained_on)
                     return index
         if len(db_ids) == 0 and reason == "missing":
             index = FaissVectorIndex(self.dimension, self.config)
@@ -70,7 +79,7 @@ class VectorSet:
             index = self._rebuild(kind)
             self.repaired.append(f"{kind}: {reason}")
         if not self.store.read_only:
-            index.save(path)
+            self._save(kind, index)
         return index
 
     def _rebuild(self, kind: str) -> FaissVectorIndex:
@@ -114,5 +123,10 @@ class VectorSet:
     def save(self) -> None:
         """Write the indexes changed since the last save (atomically, one file per kind)."""
         for kind in sorted(self._dirty):
-            self.indexes[kind].save(faiss_path(self.store.root, kind))
+            self._save(kind, self.indexes[kind])
         self._dirty.clear()
+
+    def _save(self, kind: str, index: FaissVectorIndex) -> None:
+        index.save(faiss_path(self.store.root, kind))
+        if index.layout == "ivf":
+            self.store.meta_set(trained_on_key(kind), index.trained_on)

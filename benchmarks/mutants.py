@@ -17,6 +17,7 @@ no observable behaviour) or a gap in the tests. Usage::
     python benchmarks/mutants.py named [--jobs 2]
     python benchmarks/mutants.py auto [--max-per-file 40] [--jobs 2] [--only temporal]
     python benchmarks/mutants.py auto --list            # the mutants, without running them
+    python benchmarks/mutants.py auto --only temporal --tests tests/test_temporal.py  # other tests
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -354,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant (a timeout kills it)")
     ap.add_argument("--list", action="store_true", help="print the mutants and exit")
     ap.add_argument("--out", type=Path, help="write every outcome as JSON lines here")
+    ap.add_argument("--tests", nargs="+", metavar="TEST",
+                    help="run these tests (files or node ids) against every mutant instead of its guards")
     args = ap.parse_args(argv)
 
     if args.kind == "named":
@@ -365,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                                args.seed)
     if args.only:
         mutants = [m for m in mutants if args.only in m.path or args.only in m.name]
+    if args.tests:
+        mutants = [replace(m, tests=tuple(args.tests)) for m in mutants]
     if args.list:
         for m in mutants:
             print(m.name)

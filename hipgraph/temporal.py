@@ -123,7 +123,7 @@ _RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({_MONTH_RE}),?\s+(\d{{4}})\b", re.I), "day_month_year"),
     (re.compile(rf"\b({_MONTH_RE})\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b", re.I), "month_day_year"),
     (re.compile(rf"\b({_MONTH_RE}),?\s+(?:of\s+)?(\d{{4}})\b", re.I), "month_year"),
-    (re.compile(r"\b(?:in|during|of|since|before|after|by)\s+(\d{4})\b", re.I), "year"),
+    (re.compile(r"\b(?:in|during|of|since|before|after|until|by)\s+(\d{4})\b", re.I), "year"),
     (re.compile(rf"\b(?:in|during)\s+({_MONTH_RE})\b", re.I), "bare_month"),
 ]
 _OPEN = re.compile(r"\b(since|after|before|until|by)\s*$", re.I)

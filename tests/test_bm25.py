@@ -84,7 +84,7 @@ def test_ties_by_score_then_id() -> None:
 
 
 def test_stemming_matches_inflections() -> None:
-    pytest.importorskip("Stemmer")
+    import Stemmer  # noqa: F401  PyStemmer is a dependency of hipgraph: fail, never skip
     ids = np.array([1, 2], dtype=np.int64)
     texts = ["She runs every morning.", "He swims in the lake."]
     stemmed = BM25Index.build(ids, texts, BM25Config(stemming=True))
@@ -157,8 +157,38 @@ def test_invalid_config(kwargs: dict) -> None:
 
 
 def test_valid_config_edges() -> None:
-    BM25Config(b=0.0)
-    BM25Config(b=1.0, method="robertson", stopwords="none", stemming=False)
+    """b=0 and b=1, robertson, no stopwords and no stemming are accepted and used: scores equal
+    the formula computed here with those values."""
+    ids = np.array([1, 2, 3], dtype=np.int64)
+    texts = ["apple", "apple banana cherry date elderberry fig", "the running of the pears"]
+    n, lengths = 3, [1, 6, 5]  # no stopwords, no stems: every word is a token
+    avgdl = sum(lengths) / n
+
+    def lucene_idf(df: int) -> float:
+        return math.log(1 + (n - df + 0.5) / (df + 0.5))
+
+    # b=0: no length normalisation, so both one-"apple" passages score the same
+    flat = BM25Index.build(ids, texts, BM25Config(b=0.0))
+    scores, got = flat.search(["apple"], k=3)
+    assert got[0].tolist() == [1, 2, -1]
+    want = lucene_idf(2) * 1 / (1 + 1.5)
+    np.testing.assert_allclose(scores[0, :2], [want, want], rtol=1e-5)
+    default = BM25Index.build(ids, texts).search(["apple"], k=3)[0]
+    assert default[0, 0] > default[0, 1]  # b=0.75 (default) favours the short passage
+    # b=1, robertson idf ln((N - df + 0.5) / (df + 0.5)) floored at 0, stopwords and stems kept
+    cfg = BM25Config(b=1.0, method="robertson", stopwords="none", stemming=False)
+    assert tokenize(["the running pears"], cfg) == [["the", "running", "pears"]]
+    robertson = BM25Index.build(ids, texts, cfg)
+    scores, got = robertson.search(["the running"], k=3)
+    assert got[0].tolist() == [3, -1, -1]
+    idf = math.log((n - 1 + 0.5) / (1 + 0.5))
+
+    def term(tf: int) -> float:  # b=1: full length normalisation
+        return tf / (tf + cfg.k1 * lengths[2] / avgdl)
+
+    np.testing.assert_allclose(scores[0, 0], idf * (term(2) + term(1)), rtol=1e-5)
+    assert robertson.search(["run"], k=1)[1].tolist() == [[-1]]  # not stemmed
+    assert BM25Index.build(ids, texts).search(["the"], k=1)[1].tolist() == [[-1]]  # a stopword
 
 
 def test_matches_hand_computed_lucene_bm25() -> None:

@@ -15,7 +15,7 @@ import pytest
 from conftest import (
     INLINE_DOCS,
     REPO,
-    SHARED_BUNDLE,
+    SAMPLE_BUNDLE,
     assert_same_index,
     build_template,
     check_consistency,
@@ -132,16 +132,17 @@ def test_index_jsonl_and_folder_then_rerun_is_a_no_op(tmp_path):
     assert dump_index(db) == before
 
 
-@pytest.mark.skipif(not SHARED_BUNDLE.is_file(), reason=f"shared bundle not present at {SHARED_BUNDLE}")
-def test_index_the_shared_bundle(tmp_path):
-    db = tmp_path / "shared"
-    out = _json_out(run_cli("index", "--db", str(db), str(SHARED_BUNDLE), "--limit", "6", "--json", "-q"))
+def test_index_the_repo_sample_bundle_with_a_limit(tmp_path):
+    """The bundle `make demo` indexes (data/musique_sample.json, part of the repo)."""
+    db = tmp_path / "sample"
+    out = _json_out(run_cli("index", "--db", str(db), str(SAMPLE_BUNDLE), "--limit", "6", "--json", "-q"))
     assert out["report"]["added"] == 6 and out["stats"]["documents"] == 6
-    corpus = json.loads(SHARED_BUNDLE.read_text(encoding="utf-8"))["corpus"][:6]
+    corpus = json.loads(SAMPLE_BUNDLE.read_text(encoding="utf-8"))["corpus"]
+    assert len(corpus) == 200
     with hipgraph.open(db, read_only=True) as hg:
-        keys = {r[0] for r in hg.store.con.execute("SELECT key FROM documents").fetchall()}
+        rows = hg.store.con.execute("SELECT key, title FROM documents").fetchall()
         check_consistency(hg)
-    assert keys == {str(c["idx"]) for c in corpus}
+    assert dict(rows) == {str(c["idx"]): c["title"] for c in corpus[:6]}
 
 
 # ------------------------------------------------------------------ bad inputs

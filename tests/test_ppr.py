@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
 import numpy as np
 import pytest
 
 from hipgraph.query.ppr import PPRGraph, personalized_pagerank, ppr, prepare_graph, to_csr
 
-igraph = pytest.importorskip("igraph")
+try:
+    import igraph
+except ImportError as exc:  # a dev dependency (`make test` installs it): fail, never skip
+    raise ImportError("python-igraph is missing: the PPR tests check against it; install the dev "
+                      "dependencies (make test, or pip install -e '.[cpu,dev]')") from exc
 
 
 def _igraph_ppr(indptr, indices, weights, reset, damping):
@@ -22,6 +33,22 @@ def _igraph_ppr(indptr, indices, weights, reset, damping):
         for r in rows
     ]
     return np.asarray(out).reshape(np.shape(reset))
+
+
+def _dense_ppr(indptr, indices, weights, reset, damping):
+    """PPR by a dense linear solve: ``(I - d P^T) x = (1 - d) r`` with ``P`` the row-normalised
+    adjacency (dangling rows zero, their mass returns to the reset), then ``x / sum(x)``."""
+    n = indptr.size - 1
+    adjacency = np.zeros((n, n))
+    for u in range(n):
+        for k in range(indptr[u], indptr[u + 1]):
+            adjacency[u, indices[k]] += weights[k]
+    out_weight = adjacency.sum(axis=1, keepdims=True)
+    transition = np.divide(adjacency, out_weight, out=np.zeros_like(adjacency), where=out_weight > 0)
+    rows = np.atleast_2d(np.asarray(reset, dtype=np.float64))
+    rows = rows / rows.sum(axis=1, keepdims=True)
+    x = np.linalg.solve(np.eye(n) - damping * transition.T, (1 - damping) * rows.T).T
+    return (x / x.sum(axis=1, keepdims=True)).reshape(np.shape(reset))
 
 
 def _random_graph(rng, n, m, *, undirected, weighted, isolated=0):
@@ -216,7 +243,13 @@ def test_validation_errors():
 # --------------------------------------------------------------------------------------------
 
 
-def test_prepared_graph_matches_one_shot():
+def test_hand_computed_chain_matches_the_dense_reference():
+    indptr, indices, weights = to_csr(3, [0, 1], [1, 2], undirected=False)
+    np.testing.assert_allclose(_dense_ppr(indptr, indices, weights, np.array([1.0, 0, 0]), 0.5),
+                               np.array([4, 2, 1]) / 7, atol=1e-12)
+
+
+def test_prepared_graph_matches_one_shot_and_a_dense_solve():
     rng = np.random.default_rng(5)
     for spec in GRAPHS:
         indptr, indices, weights = _random_graph(rng, **spec)
@@ -225,12 +258,18 @@ def test_prepared_graph_matches_one_shot():
         assert g.n == n and g.m == indices.size
         assert g.symmetric == spec["undirected"]
         reset = _resets(rng, n, 5)
-        for method in ("power", "push"):
+        for damping in (0.5, 0.85):
+            ref = _dense_ppr(indptr, indices, weights, reset, damping)
+            for r, want in ((reset[0], ref[0]), (reset, ref)):
+                exact = ppr(g, r, damping=damping)
+                assert exact.shape == r.shape
+                assert np.all(np.abs(exact - want).sum(axis=-1) <= 1e-6)
+                fine = ppr(g, r, damping=damping, method="push", eps=1e-10)
+                assert np.all(np.abs(fine - want).sum(axis=-1) <= 1e-6)
+        for method in ("power", "push"):  # the one-shot form is the prepared one, defaults included
             for r in (reset[0], reset):
                 want = personalized_pagerank(indptr, indices, weights, r, method=method)
-                got = ppr(g, r, method=method)
-                assert got.shape == r.shape
-                np.testing.assert_array_equal(got, want)
+                np.testing.assert_array_equal(ppr(g, r, method=method), want)
 
 
 def test_symmetric_flag():
@@ -354,7 +393,15 @@ def test_zero_weight_edges(undirected):
 
 
 def test_parallel_single_reset_solver_matches(monkeypatch):
-    # large graphs solve one symmetric reset with every sweep split over the threads
+    # large graphs solve one symmetric reset with every sweep split over the threads; the path
+    # needs two numba threads, so a process started with one re-runs this test with two
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        env = dict(os.environ, NUMBA_NUM_THREADS="2")
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               f"{Path(__file__).resolve()}::test_parallel_single_reset_solver_matches"],
+                              capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0 and re.search(r"\b1 passed", proc.stdout), proc.stdout + proc.stderr
+        return
     from hipgraph.query import ppr as ppr_module
 
     rng = np.random.default_rng(23)
@@ -363,9 +410,23 @@ def test_parallel_single_reset_solver_matches(monkeypatch):
     g = prepare_graph(indptr, indices, weights)
     reset = _resets(rng, 400, 2)
     serial = [ppr(g, r) for r in reset]
+    parallel_calls = []
+    solver = ppr_module._cg_1_par
+
+    def counted(*args):
+        parallel_calls.append(args[5].size - 1)  # the row ranges the sweeps are split into
+        return solver(*args)
+
+    monkeypatch.setattr(ppr_module, "_cg_1_par", counted)
     monkeypatch.setattr(ppr_module, "_PAR_EDGES", 0)
+    threads = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        got = [ppr(g, r) for r in reset]
+    finally:
+        numba.set_num_threads(threads)
+    assert len(parallel_calls) == 2 and all(parts > 1 for parts in parallel_calls), parallel_calls
     ref = _igraph_ppr(indptr, indices, weights, reset, 0.5)
-    for k, r in enumerate(reset):
-        got = ppr(g, r)
-        assert np.abs(got - serial[k]).sum() <= 1e-12
-        assert np.abs(got - ref[k]).sum() <= 1e-6
+    for k in range(len(reset)):
+        assert np.abs(got[k] - serial[k]).sum() <= 1e-12
+        assert np.abs(got[k] - ref[k]).sum() <= 1e-6

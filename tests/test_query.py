@@ -201,8 +201,18 @@ def test_dense_bm25_and_hybrid_modes(inline_index):
     assert (inline_index.path / "cache" / "bm25").is_dir()
     hybrid = inline_index.retrieve(MULTIHOP, k=5, mode="hybrid")
     assert hybrid[0].why["mode"] == "hybrid" and set(hybrid[0].why["ranks"]) <= {"graph", "dense", "bm25"}
-    expected = sum(1 / (60 + r) for r in hybrid[0].why["ranks"].values())
-    assert hybrid[0].score == pytest.approx(expected)
+    # reciprocal-rank fusion (k = 60) of the three rankings, each retrieved on its own
+    fused: dict[int, float] = {}
+    ranks: dict[int, dict[str, int]] = {}
+    for mode in ("graph", "dense", "bm25"):
+        for rank, hit in enumerate(inline_index.retrieve(MULTIHOP, k=100, mode=mode), start=1):
+            fused[hit.passage_id] = fused.get(hit.passage_id, 0.0) + 1 / (60 + rank)
+            ranks.setdefault(hit.passage_id, {})[mode] = rank
+    best = sorted(fused, key=lambda pid: (-fused[pid], pid))[:5]
+    assert [h.passage_id for h in hybrid] == best
+    assert [h.score for h in hybrid] == pytest.approx([fused[pid] for pid in best], rel=1e-9)
+    assert [h.why["ranks"] for h in hybrid] == [ranks[pid] for pid in best]
+    assert len(ranks[best[0]]) == 3  # the best passage is ranked by all three modes
     only = RetrievalConfig(hybrid_modes=("dense",))
     assert [h.doc_id for h in inline_index.retrieve(MULTIHOP, k=4, mode="hybrid", config=only)] == \
            [h.doc_id for h in inline_index.retrieve(MULTIHOP, k=4, mode="dense")]

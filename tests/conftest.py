@@ -1,5 +1,6 @@
-"""Shared fixtures: a tiny real corpus, one fp32 MiniLM embedder, index factories and a dump
-of an index's content in an id-independent form (for "equals an index built from scratch")."""
+"""Shared fixtures: a tiny real corpus, one fp32 MiniLM embedder, index factories, a dump of an
+index's content (vectors included) in an id-independent form (for "equals an index built from
+scratch") and the invariants of a healthy index, synonym edges recomputed by brute force."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import hipgraph  # noqa: E402
-from hipgraph.config import EmbedderConfig, IndexConfig  # noqa: E402
+from hipgraph.config import EmbedderConfig, IndexConfig, SynonymConfig  # noqa: E402
 from hipgraph.store.schema import VECTOR_KINDS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,6 +109,20 @@ def embedder():
     return MiniLMEmbedder(EmbedderConfig(precision="fp32"))
 
 
+def default_config(**changes: Any) -> IndexConfig:
+    """The library's default config: precision ``auto`` (bf16 on CUDA and on CPUs with native
+    bf16, fp32 elsewhere), for the equivalence tests that must hold at the default too."""
+    return IndexConfig().replace(**changes) if changes else IndexConfig()
+
+
+@pytest.fixture(scope="session")
+def default_embedder():
+    """MiniLM at the default precision, as an index with :func:`default_config` loads it."""
+    from hipgraph.models.embedders import MiniLMEmbedder
+
+    return MiniLMEmbedder(EmbedderConfig())
+
+
 def build_template(tmp_path_factory, embedder, name: str, docs: list[dict[str, Any]]) -> Path:
     """Build an index of ``docs`` once (fp32 config saved in it) for tests to copy."""
     path = tmp_path_factory.mktemp(f"{name}-template") / name
@@ -159,9 +175,100 @@ def make_index(tmp_path, embedder) -> Iterator[Callable[..., hipgraph.HipGraph]]
         hg.close()
 
 
+# ------------------------------------------------------------------ tolerances
+# How far the stored vector of one text may lie from its vector in another build of the same
+# content: the L2 distance of two unit vectors (||a - b||^2 = 2 (1 - cos)), by the precision the
+# embedder ran at. Two builds differ in which texts share a forward pass (batch size, a fresh build
+# against an incremental one), hence in padding and matrix shapes. Measured on a CPU without native
+# bf16 (the largest over passages, entity names and facts):
+#   fp32: 7.3e-7 between batch sizes 3 and 12 of INLINE_DOCS; 8.7e-7 in "adds and deletes equal a
+#         fresh build"; 0 (bit-identical) between this process and worker processes and after a
+#         kill -9 resume                                                              -> 1e-5;
+#   bf16: 0.0111 between batch sizes 3 and 12 of INLINE_DOCS, 0.0126 between 4 and 40 of the
+#         MuSiQue sample, 0.0124 from the fp32 vectors -> 0.03, the distance the README's
+#         "cosine to fp32 > 0.9999" allows between two bf16 builds (each within sqrt(2e-4) = 0.0141).
+VECTOR_TOL = {"fp32": 1e-5, "bf16": 0.03}
+# Edge weights in two builds (synonym weights are cosines; the dump rounds to 4 decimals):
+#   fp32: rounding only -> 2e-4;  bf16: synonym cosines measured 1.0e-3 apart between batch sizes 3
+#   and 12 of INLINE_DOCS, 1.7e-3 between 4 and 40 of the MuSiQue sample, 1.85e-3 from fp32 -> 5e-3.
+#   A pair whose cosine lies that close to the threshold can be an edge in one bf16 build and not in
+#   the other (measured: "climate and climate change" - "climate dynamics", cosine 0.80056 with
+#   batch size 4, 0.79936 with 40): edge sets are compared exactly, so such a flip fails.
+WEIGHT_TOL = {"fp32": 2e-4, "bf16": 5e-3}
+UNIT_NORM_TOL = 1e-5  # | ||v|| - 1 | of a stored vector (float32 after normalization: ~1e-7)
+# A stored synonym weight (rounded to 6 decimals) against the cosine recomputed in float64 from the
+# stored float32 vectors (FAISS computes it in float32: ~1e-7).
+SYNONYM_COSINE_TOL = 1e-5
+
+
+def cpu_has_native_bf16_flags() -> bool:
+    """AVX512-BF16 or AMX-BF16 in /proc/cpuinfo (read here, independently of the library)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="ignore").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def vectors_precision(config: dict[str, Any]) -> str:
+    """The precision an index's vectors were computed at, from its saved config: the MiniLM
+    embedder's ``precision`` with ``auto`` resolved by the documented rule (bf16 on CUDA and on
+    CPUs with native bf16, fp32 elsewhere); other embedders (hashing, OpenAI protocol) give fp32
+    vectors computed outside torch."""
+    emb = config["embedder"]
+    if emb["name"] != "minilm":
+        return "fp32"
+    precision = emb["precision"]
+    if precision != "auto":
+        return precision
+    if emb["device"] == "cuda":
+        return "bf16"
+    if emb["device"] == "auto":
+        import torch
+
+        if torch.cuda.is_available():
+            return "bf16"
+    return "bf16" if cpu_has_native_bf16_flags() else "fp32"
+
+
+def _tolerance(table: dict[str, float], *dumps: dict[str, Any]) -> float:
+    """The loosest tolerance of the dumps' precisions (fp32 < bf16)."""
+    precisions = {d["precision"] for d in dumps}
+    unknown = precisions - set(table)
+    if unknown:
+        raise ValueError(f"no tolerance measured for precision {sorted(unknown)}: pass one")
+    return max(table[p] for p in precisions)
+
+
 # ------------------------------------------------------------------ dumps
 def _rows(con, sql: str) -> list[tuple]:
     return con.execute(sql).fetchall()
+
+
+def stored_vectors(con, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, float32 matrix)`` of DuckDB's ``{kind}_vectors``, ordered by id (plain SQL)."""
+    table = con.sql(f"SELECT id, vec FROM {kind}_vectors ORDER BY id").to_arrow_table()
+    ids = np.asarray(table.column("id").to_pylist(), dtype=np.int64)
+    vecs = table.column("vec").combine_chunks()
+    flat = np.asarray(vecs.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
+    return ids, flat.reshape(len(ids), -1) if len(ids) else flat.reshape(0, 0)
+
+
+@dataclass(frozen=True, eq=False)
+class KeyedVectors:
+    """The stored vectors of one kind without ids: ``matrix`` rows in the order of the sorted
+    ``keys``. ``==`` is exact equality (dumps compared with ``==``); :func:`assert_same_index`
+    compares within a tolerance."""
+
+    keys: tuple
+    matrix: np.ndarray
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, KeyedVectors) and self.keys == other.keys
+                and self.matrix.shape == other.matrix.shape and np.array_equal(self.matrix, other.matrix))
+
+    def __repr__(self) -> str:
+        return f"KeyedVectors({len(self.keys)} x {self.matrix.shape[1] if self.matrix.ndim == 2 else 0})"
 
 
 def faiss_on_disk(root: Path) -> dict[str, dict[str, Any]]:
@@ -186,7 +293,9 @@ def dump_index(target: hipgraph.HipGraph | str | Path) -> dict[str, Any]:
     documents by key (+hash), passages by (doc key, ordinal) with text and offsets, entities by name
     (+label, surface forms), mentions, facts by (subject, relation, object, kind), fact sources by
     (fact key, doc key, ordinal, extractor), edges by type with named endpoints and weights rounded to
-    4 decimals, DuckDB vector counts per kind and the FAISS ntotal per kind as saved on disk.
+    4 decimals, DuckDB vector counts per kind, the FAISS ntotal per kind as saved on disk, the
+    stored vectors of every kind under the same keys (``embeddings``: passage by (doc key,
+    ordinal), entity by name, fact by fact key) and the precision they were computed at.
     """
     if isinstance(target, hipgraph.HipGraph):
         return _dump(target)
@@ -232,6 +341,13 @@ def _dump(hg: hipgraph.HipGraph) -> dict[str, Any]:
         assert key not in edges[etype], f"duplicate {etype} edge {key}"
         edges[etype][key] = round(float(weight), 4)
     vectors = {kind: int(_rows(con, f"SELECT count(*) FROM {kind}_vectors")[0][0]) for kind in VECTOR_KINDS}
+    embeddings = {}
+    for kind, key_of in (("passage", passage_key), ("entity", entity_name), ("fact", fact_key)):
+        ids, matrix = stored_vectors(con, kind)
+        keys = [key_of[int(i)] for i in ids]  # a vector without its row is a KeyError here
+        order = sorted(range(len(keys)), key=lambda i, keys=keys: keys[i])
+        assert len(set(keys)) == len(keys), f"two {kind} vectors under one key"
+        embeddings[kind] = KeyedVectors(tuple(keys[i] for i in order), matrix[order])
     disk = faiss_on_disk(hg.path)
     return {
         "documents": documents,
@@ -244,11 +360,18 @@ def _dump(hg: hipgraph.HipGraph) -> dict[str, Any]:
         "vectors": vectors,
         "faiss": {kind: disk[kind]["ntotal"] for kind in VECTOR_KINDS},
         "stats": hg.stats(),
+        "embeddings": embeddings,
+        "precision": vectors_precision(hg.store.meta_get("config")),
     }
 
 
-def assert_same_index(a: dict[str, Any], b: dict[str, Any], *, weight_tol: float = 2e-4) -> None:
-    """Dumps are equal; edge weights (cosines for synonyms) may differ by float noise only."""
+def assert_same_index(a: dict[str, Any], b: dict[str, Any], *, weight_tol: float | None = None,
+                      vector_tol: float | None = None) -> None:
+    """Dumps are equal; stored vectors may lie ``vector_tol`` apart (L2, per vector) and edge
+    weights (cosines for synonyms) ``weight_tol``: by default the tolerances measured for the
+    precision the vectors were computed at (``VECTOR_TOL``, ``WEIGHT_TOL``; the looser of the two)."""
+    weight_tol = _tolerance(WEIGHT_TOL, a, b) if weight_tol is None else weight_tol
+    vector_tol = _tolerance(VECTOR_TOL, a, b) if vector_tol is None else vector_tol
     for section in ("documents", "passages", "entities", "mentions", "facts", "fact_sources",
                     "vectors", "faiss"):
         if a[section] != b[section]:
@@ -263,6 +386,18 @@ def assert_same_index(a: dict[str, Any], b: dict[str, Any], *, weight_tol: float
                 detail = (f"\nonly in first: {sorted(set(a[section]) - set(b[section]), key=repr)[:20]}"
                           f"\nonly in second: {sorted(set(b[section]) - set(a[section]), key=repr)[:20]}")
             raise AssertionError(f"indexes differ in {section}{detail}")
+    for kind in VECTOR_KINDS:
+        va, vb = a["embeddings"][kind], b["embeddings"][kind]
+        assert va.keys == vb.keys, (
+            f"{kind} vectors are stored under other keys: only in first "
+            f"{sorted(set(va.keys) - set(vb.keys))[:10]}, only in second {sorted(set(vb.keys) - set(va.keys))[:10]}")
+        if not va.keys:
+            continue
+        distance = np.linalg.norm(va.matrix.astype(np.float64) - vb.matrix, axis=1)
+        worst = np.argsort(-distance)[:5]
+        assert distance.max() <= vector_tol, (
+            f"{kind} vectors differ by more than {vector_tol:g} (L2): "
+            + ", ".join(f"{va.keys[i]!r}: {distance[i]:.3g}" for i in worst if distance[i] > vector_tol))
     for etype in ("fact", "mention", "synonym"):
         ea, eb = a["edges"][etype], b["edges"][etype]
         assert set(ea) == set(eb), (
@@ -273,9 +408,90 @@ def assert_same_index(a: dict[str, Any], b: dict[str, Any], *, weight_tol: float
     assert a["stats"] == b["stats"]
 
 
-def check_consistency(hg: hipgraph.HipGraph) -> None:
-    """Invariants of a healthy index: vectors match their rows, FAISS (memory and disk) matches
-    DuckDB, every derived row (edges, surface forms) matches its provenance, nothing dangles."""
+def faiss_vectors(index, ids: np.ndarray) -> tuple[np.ndarray, Any]:
+    """The vectors a FAISS ``IndexIDMap2`` holds under ``ids``, and the copy of the index they were
+    read from (the index itself is left untouched; IVF copies get the direct map reconstruction
+    needs)."""
+    import faiss
+
+    copy = faiss.deserialize_index(faiss.serialize_index(index))
+    inner = faiss.downcast_index(copy.index)
+    if isinstance(inner, faiss.IndexIVF):
+        inner.make_direct_map()
+    return copy.reconstruct_batch(np.ascontiguousarray(ids, dtype=np.int64)), copy
+
+
+def _check_faiss_vectors(label: str, index, ids: np.ndarray, stored: np.ndarray) -> None:
+    """FAISS holds DuckDB's vector under each id: bit for bit (flat, HNSW, IVF-flat); IVF-SQ8 holds
+    its 8-bit code (one byte per dimension of the residual to its list's centroid, clipped to the
+    trained range: 0.09 from the vector measured in a test index, for one outside the training sample), so the
+    vector reconstructed from FAISS equals DuckDB's vector encoded and decoded by that index."""
+    import faiss
+
+    if len(ids) == 0:
+        assert index.ntotal == 0, f"{label}: FAISS holds vectors DuckDB has not"
+        return
+    held, copy = faiss_vectors(index, ids)
+    inner = faiss.downcast_index(copy.index)  # owned by ``copy``: keep that alive while used
+    expected = stored
+    if isinstance(inner, faiss.IndexIVFScalarQuantizer):
+        expected = inner.sa_decode(inner.sa_encode(np.ascontiguousarray(stored, dtype=np.float32)))
+    wrong = np.nonzero(~np.all(held == expected, axis=1))[0]
+    assert len(wrong) == 0, (
+        f"{label}: FAISS holds other vectors than DuckDB under ids {ids[wrong][:10].tolist()} "
+        f"(L2 {np.linalg.norm(held[wrong] - expected[wrong], axis=1)[:10].round(4).tolist()})")
+
+
+def synonym_edges_by_brute_force(vectors: np.ndarray, config: SynonymConfig,
+                                 ) -> tuple[dict[tuple[int, int], float], np.ndarray]:
+    """The documented synonym rule over all entities, in float64 numpy: ``a``-``b`` (``a < b``,
+    row numbers) with cosine >= threshold, neither having more than ``max_neighbors`` such
+    neighbours. Returns the edges with their cosines, and every row's neighbour count."""
+    v = vectors.astype(np.float64)
+    cos = v @ v.T
+    np.fill_diagonal(cos, -np.inf)
+    similar = cos >= config.threshold
+    degree = similar.sum(axis=1)
+    linkable = degree <= config.max_neighbors
+    rows, cols = np.nonzero(np.triu(similar & linkable[:, None] & linkable[None, :], k=1))
+    return {(int(r), int(c)): float(cos[r, c]) for r, c in zip(rows, cols, strict=True)}, degree
+
+
+def _check_synonyms(hg: hipgraph.HipGraph) -> None:
+    """Synonym edges (and each entity's ``synonym_degree``) equal the brute-force rule over the
+    stored entity vectors, with the synonym config saved in the index; weights are the cosines."""
+    con = hg.store.con
+    config = IndexConfig.from_dict(hg.store.meta_get("config")).synonyms
+    ids, vecs = stored_vectors(con, "entity")
+    name = dict(_rows(con, "SELECT id, name FROM entities"))
+    expected, degree = synonym_edges_by_brute_force(vecs, config)
+    row_of = {int(i): r for r, i in enumerate(ids)}
+    stored = {}
+    for src, dst, weight in _rows(con, "SELECT src, dst, weight FROM edges WHERE type = 'synonym'"):
+        stored[(row_of[int(src)], row_of[int(dst)])] = float(weight)
+
+    def labelled(pairs) -> list[tuple[str, str]]:
+        return sorted((name[int(ids[a])], name[int(ids[b])]) for a, b in pairs)
+
+    missing, extra = set(expected) - set(stored), set(stored) - set(expected)
+    assert not missing and not extra, (
+        f"synonym edges differ from the rule (cosine >= {config.threshold}, at most "
+        f"{config.max_neighbors} neighbours): missing {labelled(missing)}, extra {labelled(extra)}")
+    bad = {p: (stored[p], round(expected[p], 7)) for p in stored if abs(stored[p] - expected[p]) > SYNONYM_COSINE_TOL}
+    assert not bad, f"synonym weights are not the cosines: {dict(zip(labelled(bad), bad.values(), strict=True))}"
+    saved_degree = dict(_rows(con, "SELECT id, synonym_degree FROM entities"))
+    wrong = {name[int(i)]: (saved_degree[int(i)], int(degree[r])) for r, i in enumerate(ids)
+             if saved_degree[int(i)] != degree[r]}
+    assert not wrong, f"synonym_degree (saved, recomputed) differs: {wrong}"
+
+
+def check_consistency(hg: hipgraph.HipGraph, *, synonyms: bool = True) -> None:
+    """Invariants of a healthy index: vectors match their rows and are unit-norm, FAISS (memory
+    and disk) holds DuckDB's vectors under DuckDB's ids, every derived row (edges, surface forms)
+    matches its provenance, synonym edges equal the brute-force rule over the stored entity
+    vectors (``synonyms=False`` skips that: approximate entity layouts), nothing dangles."""
+    import faiss
+
     con = hg.store.con
 
     def ids(sql: str) -> list[int]:
@@ -289,6 +505,14 @@ def check_consistency(hg: hipgraph.HipGraph) -> None:
         db_ids = ids(f"SELECT id FROM {kind}_vectors")
         assert hg.vectors.indexes[kind].ids().tolist() == db_ids, f"{kind}: FAISS in memory != DuckDB"
         assert disk[kind]["ids"] == db_ids, f"{kind}: FAISS file != DuckDB"
+        vid, vecs = stored_vectors(con, kind)
+        assert len(set(vid.tolist())) == len(vid), f"{kind}: two vectors under one id"
+        if len(vid):
+            norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
+            assert np.abs(norms - 1).max() <= UNIT_NORM_TOL, (
+                f"{kind} vectors are not unit-norm: ids {vid[np.abs(norms - 1) > UNIT_NORM_TOL][:10].tolist()}")
+        _check_faiss_vectors(f"{kind} FAISS in memory", hg.vectors.indexes[kind]._index, vid, vecs)
+        _check_faiss_vectors(f"{kind} FAISS file", faiss.read_index(str(hg.path / f"{kind}.faiss")), vid, vecs)
     for table in ("passages", "entities", "facts", "documents"):
         n, distinct = _rows(con, f"SELECT count(*), count(DISTINCT id) FROM {table}")[0]
         assert n == distinct, f"duplicate ids in {table}"
@@ -318,6 +542,9 @@ def check_consistency(hg: hipgraph.HipGraph) -> None:
     assert fact_edges == expected
     assert not _rows(con, """SELECT * FROM edges WHERE type = 'synonym' AND (src >= dst
         OR src NOT IN (SELECT id FROM entities) OR dst NOT IN (SELECT id FROM entities))""")
+    assert _rows(con, "SELECT count(*) - count(DISTINCT (src, dst)) FROM edges WHERE type = 'synonym'")[0][0] == 0
+    if synonyms:
+        _check_synonyms(hg)
     forms = _rows(con, "SELECT id, surface_forms FROM entities ORDER BY id")
     expected = _rows(con, """SELECT entity_id, list(DISTINCT surface ORDER BY surface) FROM mentions
                              GROUP BY entity_id ORDER BY entity_id""")

@@ -1,11 +1,19 @@
 """Executors: the same input gives the same index in this process, in worker processes and on a
-local two-node Ray cluster (real spaCy, MiniLM, DuckDB and FAISS in every worker)."""
+local two-node Ray cluster (real spaCy, MiniLM, DuckDB and FAISS in every worker), at the default
+embedder precision (each worker resolves ``auto`` itself; vectors compared within its tolerance)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import assert_same_index, check_consistency, dump_index, index_config, run_cli
+from conftest import (
+    assert_same_index,
+    check_consistency,
+    default_config,
+    dump_index,
+    index_config,
+    run_cli,
+)
 
 import hipgraph
 from hipgraph.config import ChatConfig, EmbedderConfig, ExtractorConfig
@@ -22,24 +30,24 @@ def docs(sample_docs):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, embedder, docs):
+def reference(tmp_path_factory, default_embedder, docs):
     """The index built by the default executor (this process, one batch ahead in a thread)."""
     path = tmp_path_factory.mktemp("executors") / "local"
-    with hipgraph.open(path, create=True, config=index_config(batch_size=4), embedder=embedder) as hg:
+    with hipgraph.open(path, create=True, config=default_config(batch_size=4), embedder=default_embedder) as hg:
         hg.add_documents(docs)
     return dump_index(path)
 
 
-def test_worker_processes_give_the_same_index(tmp_path, embedder, docs, reference):
+def test_worker_processes_give_the_same_index(tmp_path, default_embedder, docs, reference):
     path = tmp_path / "workers"
-    with hipgraph.open(path, create=True, config=index_config(batch_size=4), embedder=embedder) as hg:
+    with hipgraph.open(path, create=True, config=default_config(batch_size=4), embedder=default_embedder) as hg:
         report = hg.add_documents(docs, workers=2)
         assert report.added == len(docs) and report.seconds["extract"] > 0
         check_consistency(hg)
     assert_same_index(reference, dump_index(path))
 
 
-def test_ray_two_node_cluster_gives_the_same_index(tmp_path, embedder, docs, reference):
+def test_ray_two_node_cluster_gives_the_same_index(tmp_path, default_embedder, docs, reference):
     import ray  # the [ray] extra: installed by the README's test command, so this runs in CI
     from ray.cluster_utils import Cluster
 
@@ -47,7 +55,8 @@ def test_ray_two_node_cluster_gives_the_same_index(tmp_path, embedder, docs, ref
     cluster.add_node(num_cpus=1)
     try:
         path = tmp_path / "ray"
-        with hipgraph.open(path, create=True, config=index_config(batch_size=4), embedder=embedder) as hg:
+        with hipgraph.open(path, create=True, config=default_config(batch_size=4),
+                           embedder=default_embedder) as hg:
             report = hg.add_documents(docs, executor="ray", ray_address=cluster.address)
             assert report.added == len(docs)
             assert not ray.is_initialized()  # the executor connected, and disconnected when done
@@ -56,7 +65,8 @@ def test_ray_two_node_cluster_gives_the_same_index(tmp_path, embedder, docs, ref
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2  # really two worker nodes
         assert_same_index(reference, dump_index(path))
         again = tmp_path / "ray-again"
-        with hipgraph.open(again, create=True, config=index_config(batch_size=4), embedder=embedder) as hg:
+        with hipgraph.open(again, create=True, config=default_config(batch_size=4),
+                           embedder=default_embedder) as hg:
             hg.add_documents(docs[:4], executor="ray")
         assert ray.is_initialized()
         assert dump_index(again)["stats"]["documents"] == 4
@@ -133,12 +143,12 @@ def test_cli_ray_executor_on_a_local_cluster(tmp_path, docs):
     assert_same_index(dump_index(local_db), dump_index(ray_db))
 
 
-def test_conversations_through_worker_processes_give_the_same_memory(tmp_path, embedder):
+def test_conversations_through_worker_processes_give_the_same_memory(tmp_path, default_embedder):
     from test_conversations import _conversation
 
     paths = {"local": tmp_path / "local", "workers": tmp_path / "workers"}
     for name, path in paths.items():
-        with hipgraph.open(path, create=True, config=index_config(), embedder=embedder) as hg:
+        with hipgraph.open(path, create=True, config=default_config(), embedder=default_embedder) as hg:
             hg.add_conversation(_conversation(), **({"workers": 2} if name == "workers" else {}))
             hits = hg.retrieve("Where did Ana move in June?", k=2)
             assert hits[0].turn_ids and hits[0].conversation == "ana-ben"  # unit metadata survived the trip

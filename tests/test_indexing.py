@@ -9,9 +9,19 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from conftest import assert_same_index, check_consistency, dump_index, index_config
+from conftest import (
+    VECTOR_TOL,
+    assert_same_index,
+    check_consistency,
+    default_config,
+    dump_index,
+    index_config,
+    stored_vectors,
+    vectors_precision,
+)
 
-from hipgraph.config import ChunkConfig, SynonymConfig
+import hipgraph
+from hipgraph.config import ChunkConfig, EmbedderConfig, IndexConfig, SynonymConfig
 from hipgraph.errors import ExtractionError, InputError
 from hipgraph.indexers.extract_spacy import SpacyExtractor
 from hipgraph.types import Chunk, Document, Extraction
@@ -157,11 +167,13 @@ def _variant(doc: dict, rng: random.Random, donors: list[dict]) -> dict:
     return dict(doc, text=text)
 
 
-def test_any_sequence_of_adds_and_deletes_equals_a_fresh_build(make_index, sample_docs):
+def test_any_sequence_of_adds_and_deletes_equals_a_fresh_build(make_index, sample_docs, default_embedder):
+    """At the default precision (bf16 where the CPU has it natively: the batch sizes differ, so
+    vectors are compared within the bf16 tolerance there)."""
     rng = random.Random(1234)
     pool = [dict(d) for d in sample_docs[:22]]
     live: dict[str, dict] = {}
-    hg = make_index("incremental")
+    hg = make_index("incremental", config=default_config(), embedder=default_embedder)
 
     def add(docs: list[dict], batch_size: int, expect: tuple[int, int, int]) -> None:
         report = hg.add_documents(docs, batch_size=batch_size)
@@ -193,7 +205,7 @@ def test_any_sequence_of_adds_and_deletes_equals_a_fresh_build(make_index, sampl
     delete(rng.sample(sorted(live), 2))
     assert len(live) >= 13
 
-    fresh = make_index("fresh")
+    fresh = make_index("fresh", config=default_config(), embedder=default_embedder)
     fresh.add_documents(list(live.values()))
     check_consistency(fresh)
     a, b = dump_index(hg), dump_index(fresh)
@@ -205,16 +217,88 @@ def test_any_sequence_of_adds_and_deletes_equals_a_fresh_build(make_index, sampl
 
 def test_batching_does_not_change_the_graph_when_neighbor_lists_are_full(make_index, inline_docs):
     """Synonym lists bounded by max_neighbors: the edges must not depend on which entities
-    happened to be indexed earlier (two batches vs one batch of the same documents)."""
+    happened to be indexed earlier (two batches vs one batch of the same documents), and both
+    equal the rule recomputed by brute force from the stored vectors."""
     config = index_config(synonyms=SynonymConfig(threshold=0.5, max_neighbors=2))
     two_batches = make_index("two", config=config)
     two_batches.add_documents(inline_docs[:4])
     two_batches.add_documents(inline_docs[4:8])
     one_batch = make_index("one", config=config)
     one_batch.add_documents(inline_docs[:8])
+    check_consistency(two_batches)
+    check_consistency(one_batch)
     a, b = dump_index(two_batches), dump_index(one_batch)
-    assert b["stats"]["edges"]["synonym"] > 0
     assert_same_index(a, b)
+    assert b["stats"]["edges"]["synonym"] > 0
+    # the cap matters here: some entities have more than 2 names at cosine >= 0.5, and pairs
+    # above the threshold are left out for it
+    vectors = b["embeddings"]["entity"].matrix.astype(np.float64)
+    similar = vectors @ vectors.T >= 0.5
+    np.fill_diagonal(similar, False)
+    assert similar.sum(axis=1).max() > 2
+    assert np.triu(similar).sum() > b["stats"]["edges"]["synonym"]
+
+
+def _synonym_edge_and_unrelated_pair(hg) -> tuple[tuple[int, int], tuple[int, int]]:
+    """One stored synonym edge, and two entities whose names are far apart (cosine < 0.3)."""
+    con = hg.store.con
+    edge = con.execute("SELECT src, dst FROM edges WHERE type = 'synonym' ORDER BY ALL LIMIT 1").fetchall()[0]
+    ids, vectors = stored_vectors(con, "entity")
+    cos = vectors @ vectors.T
+    a, b = np.argwhere(np.triu(cos < 0.3, 1))[0]
+    return (int(edge[0]), int(edge[1])), (int(ids[a]), int(ids[b]))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    pytest.param("UPDATE edges SET weight = weight - 0.02 WHERE type = 'synonym' AND src = $a AND dst = $b",
+                 "synonym weights are not the cosines", id="weight-off-by-0.02"),
+    pytest.param("UPDATE edges SET weight = weight + 5e-5 WHERE type = 'synonym' AND src = $a AND dst = $b",
+                 "synonym weights are not the cosines", id="weight-off-by-5e-5"),
+    pytest.param("DELETE FROM edges WHERE type = 'synonym' AND src = $a AND dst = $b", r"missing \[\(",
+                 id="edge-dropped"),
+    pytest.param("INSERT INTO edges VALUES ('synonym', least($c, $d), greatest($c, $d), 0.9)",
+                 r"missing \[\], extra \[\(", id="edge-added"),
+    pytest.param("UPDATE entities SET synonym_degree = 0 WHERE id = $a", "synonym_degree", id="degree-wrong"),
+])
+def test_consistency_check_recomputes_synonym_edges_from_the_vectors(inline_index, change, message):
+    hg = inline_index
+    check_consistency(hg)
+    (a, b), (c, d) = _synonym_edge_and_unrelated_pair(hg)
+    hg.store.con.execute(change, {k: v for k, v in {"a": a, "b": b, "c": c, "d": d}.items() if f"${k}" in change})
+    with pytest.raises(AssertionError, match=message):
+        check_consistency(hg)
+
+
+def test_bf16_batchings_give_the_same_index_within_the_bf16_tolerance(tmp_path, inline_docs):
+    """bf16 (native or emulated on any CPU) rounds differently when other texts share a forward
+    pass: batch sizes 3 and 12 give vectors further apart than fp32 noise, within VECTOR_TOL['bf16'],
+    and the same graph; synonym edges equal the brute-force rule in both."""
+    from hipgraph.models.embedders import MiniLMEmbedder
+
+    bf16 = EmbedderConfig(precision="bf16")
+    embedder = MiniLMEmbedder(bf16)
+    dumps = []
+    for batch_size in (3, 12):
+        with hipgraph.open(tmp_path / f"batch{batch_size}", create=True, embedder=embedder,
+                           config=IndexConfig(embedder=bf16, batch_size=batch_size)) as hg:
+            hg.add_documents(inline_docs)
+            check_consistency(hg)
+            dumps.append(dump_index(hg))
+    a, b = dumps
+    assert a["precision"] == b["precision"] == "bf16" and a["stats"]["edges"]["synonym"] >= 2
+    distance = np.linalg.norm(a["embeddings"]["entity"].matrix - b["embeddings"]["entity"].matrix, axis=1)
+    assert VECTOR_TOL["fp32"] < distance.max() <= VECTOR_TOL["bf16"]  # the batchings really differ
+    with pytest.raises(AssertionError, match="vectors differ by more than"):
+        assert_same_index(a, b, vector_tol=VECTOR_TOL["fp32"])
+    assert_same_index(a, b)
+
+
+def test_dumps_name_the_precision_the_embedder_resolves(default_embedder, embedder):
+    """assert_same_index picks its tolerance by the precision a dump names: it must be the one the
+    library's embedder really ran at (``auto`` resolved the same way)."""
+    for loaded, config in ((default_embedder, default_config()), (embedder, index_config())):
+        loaded.embed(["Carl Rogers"])
+        assert vectors_precision(config.to_dict()) == loaded.precision
 
 
 def test_delete_removes_orphans_and_their_vectors_but_keeps_shared_entities(make_index, inline_docs):

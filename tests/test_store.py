@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import (
     INLINE_DOCS,
+    assert_same_index,
     build_template,
     check_consistency,
     copy_index,
@@ -309,6 +310,90 @@ def test_saves_leave_no_temporary_files(small_index, embedder, inline_docs):
     names = sorted(p.name for p in small_index.iterdir())
     assert not [n for n in names if n.endswith(".tmp") or n.startswith(".")], names
     assert {"graph.duckdb", "passage.faiss", "entity.faiss", "fact.faiss"} <= set(names)
+
+
+# ------------------------------------------------------------------ the checks read vector contents
+def _swap_passage_vectors(path, key_a: str, key_b: str) -> None:
+    """Swap the DuckDB vectors of the first passages of two documents (counts and ids unchanged)."""
+    con = duckdb.connect(str(path / "graph.duckdb"))
+    try:
+        con.execute("""
+            CREATE TEMP TABLE swap AS
+            WITH k AS (SELECT p.id, d.key FROM passages p JOIN documents d ON d.id = p.doc_id
+                       WHERE p.ordinal = 0 AND d.key IN (?, ?))
+            SELECT ka.id, v.vec FROM k ka JOIN k kb ON ka.key <> kb.key
+            JOIN passage_vectors v ON v.id = kb.id""", [key_a, key_b])
+        assert con.execute("SELECT count(*) FROM swap").fetchall()[0][0] == 2
+        con.execute("UPDATE passage_vectors SET vec = swap.vec FROM swap WHERE passage_vectors.id = swap.id")
+    finally:
+        con.close()
+
+
+def _write_faiss_with_swapped_rows(path, kind: str) -> None:
+    """Rewrite a FAISS file with the same ids, the vectors of its first two ids exchanged."""
+    import faiss
+
+    index = faiss.read_index(str(path / f"{kind}.faiss"))
+    ids = np.sort(faiss.vector_to_array(index.id_map).astype(np.int64))
+    vectors = index.reconstruct_batch(ids)
+    swapped = faiss.IndexIDMap2(faiss.IndexFlatIP(index.d))
+    swapped.add_with_ids(vectors[[1, 0, *range(2, len(ids))]], ids)
+    faiss.write_index(swapped, str(path / f"{kind}.faiss"))
+
+
+def test_swapped_passage_vectors_fail_both_index_checks(small_index, embedder, tmp_path):
+    """Two passages' stored vectors exchanged keep every count, id and row: the same-index check
+    and the consistency check must still see it, and a dense query then finds the wrong passage."""
+    question = "Who developed person-centered therapy?"
+    before = dump_index(small_index)
+    untouched = copy_index(small_index, tmp_path / "untouched")
+    with hipgraph.open(untouched, embedder=embedder) as hg:
+        check_consistency(hg)
+        assert hg.retrieve(question, k=1, mode="dense")[0].doc_id == "pct"
+    assert_same_index(before, dump_index(untouched))
+
+    _swap_passage_vectors(small_index, "pct", "rogers")
+    after = dump_index(small_index)
+    assert {k: after[k] for k in ("passages", "vectors", "faiss", "stats")} == {
+        k: before[k] for k in ("passages", "vectors", "faiss", "stats")}
+    with pytest.raises(AssertionError, match="passage vectors differ by more than 1e-05") as err:
+        assert_same_index(before, after)
+    assert "('pct', 0)" in str(err.value) and "('rogers', 0)" in str(err.value)
+    with hipgraph.open(small_index, embedder=embedder) as hg:
+        assert hg.vectors.repaired == []  # the FAISS file holds the same ids: it is kept
+        with pytest.raises(AssertionError, match="passage FAISS in memory: FAISS holds other vectors"):
+            check_consistency(hg)
+    # FAISS rebuilt from the swapped rows agrees with DuckDB, and the index now answers wrongly
+    (small_index / "passage.faiss").unlink()
+    with hipgraph.open(small_index, embedder=embedder) as hg:
+        check_consistency(hg)
+        assert hg.retrieve(question, k=1, mode="dense")[0].doc_id == "rogers"
+    with pytest.raises(AssertionError, match="passage vectors differ"):
+        assert_same_index(before, dump_index(small_index))
+
+
+@pytest.mark.parametrize("kind", VECTOR_KINDS)
+def test_faiss_holding_other_vectors_under_the_right_ids_fails_the_consistency_check(small_index, embedder,
+                                                                                     kind):
+    with hipgraph.open(small_index, embedder=embedder) as hg:
+        check_consistency(hg)
+        _write_faiss_with_swapped_rows(small_index, kind)  # the file on disk only
+        with pytest.raises(AssertionError, match=f"{kind} FAISS file: FAISS holds other vectors"):
+            check_consistency(hg)
+    with hipgraph.open(small_index, embedder=embedder) as hg:  # now loaded into memory too
+        assert hg.vectors.repaired == []
+        with pytest.raises(AssertionError, match=f"{kind} FAISS in memory: FAISS holds other vectors"):
+            check_consistency(hg)
+
+
+def test_stored_vectors_must_be_unit_norm(small_index, embedder):
+    with hipgraph.open(small_index, embedder=embedder) as hg:
+        con = hg.store.con
+        (eid,) = con.execute("SELECT min(id) FROM entities").fetchall()[0]
+        con.execute("""UPDATE entity_vectors SET vec = list_transform(vec, lambda x: x * 1.001)::FLOAT[384]
+                       WHERE id = ?""", [eid])
+        with pytest.raises(AssertionError, match=rf"entity vectors are not unit-norm: ids \[{eid}\]"):
+            check_consistency(hg)
 
 
 # ------------------------------------------------------------------ FAISS layouts

@@ -326,8 +326,9 @@ def run_mutant(repo: Path, mutant: Mutant, timeout: float) -> Outcome:
     try:
         proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
         status = "survived" if proc.returncode == 0 else "killed" if proc.returncode == 1 else "error"
-        failed = next((line.split(" ", 1)[1].split(" - ")[0] for line in proc.stdout.splitlines()
-                       if line.startswith("FAILED ")), "")
+        failed = next((("" if line.startswith("FAILED ") else "error in ")
+                       + line.split(" ", 1)[1].split(" - ")[0]
+                       for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))), "")
         if status == "error":
             failed = (proc.stdout + proc.stderr).strip().splitlines()[-1][:200] if (proc.stdout + proc.stderr).strip() else ""
     except subprocess.TimeoutExpired:

@@ -26,7 +26,6 @@ from hipgraph.store.schema import VECTOR_KINDS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_BUNDLE = REPO / "data" / "musique_sample.json"
-SHARED_BUNDLE = REPO.parent / "shared" / "data" / "multihop" / "musique_train100.json"
 
 # Documents written here so that a few tests do not depend on any data file: short, real-looking,
 # with entities shared between documents (American Psychological Association, Carl Rogers, ...).
@@ -73,21 +72,18 @@ INLINE_DOCS: list[dict[str, Any]] = [
 ]
 
 
-def _load_bundle_docs() -> list[dict[str, Any]] | None:
-    for path in (SAMPLE_BUNDLE, SHARED_BUNDLE):
-        if path.is_file():
-            data = json.loads(path.read_text(encoding="utf-8"))
-            return [{"id": f"m{c['idx']}", "title": c["title"], "text": c["text"]} for c in data["corpus"]]
-    return None
+def _load_bundle_docs() -> list[dict[str, Any]]:
+    if not SAMPLE_BUNDLE.is_file():
+        raise FileNotFoundError(f"the repository's sample corpus {SAMPLE_BUNDLE} is missing "
+                                "(it is part of the repository: restore it with git checkout)")
+    data = json.loads(SAMPLE_BUNDLE.read_text(encoding="utf-8"))
+    return [{"id": f"m{c['idx']}", "title": c["title"], "text": c["text"]} for c in data["corpus"]]
 
 
 @pytest.fixture(scope="session")
 def sample_docs() -> list[dict[str, Any]]:
     """The first 40 documents of the repo's MuSiQue sample (data/musique_sample.json)."""
-    docs = _load_bundle_docs()
-    if docs is None:
-        pytest.skip(f"sample corpus missing: neither {SAMPLE_BUNDLE} nor {SHARED_BUNDLE} exists")
-    return docs[:40]
+    return _load_bundle_docs()[:40]
 
 
 @pytest.fixture(scope="session")

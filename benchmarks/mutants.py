@@ -325,7 +325,9 @@ def run_mutant(repo: Path, mutant: Mutant, timeout: float) -> Outcome:
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
-        status = "survived" if proc.returncode == 0 else "killed" if proc.returncode == 1 else "error"
+        # 1: tests failed; 2: interrupted, e.g. the mutant made its module unimportable (a
+        # collection error the suite reports); anything else means the tests could not run
+        status = "survived" if proc.returncode == 0 else "killed" if proc.returncode in (1, 2) else "error"
         failed = next((("" if line.startswith("FAILED ") else "error in ")
                        + line.split(" ", 1)[1].split(" - ")[0]
                        for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))), "")

@@ -439,3 +439,57 @@ def test_dense_ranking_when_no_fact_clears_the_threshold_and_nothing_links(seedi
     hits_seeded = retrieve(seeding, Q_FALLBACK, min_fact_score=-1.0)
     assert_matches(seeding, hits_seeded, seeded)
     assert [h.doc_id for h in hits_seeded[:3]] != [h.doc_id for h in hits[:3]]
+
+
+# ------------------------------------------------------------------ the recipe by hand
+def _hand_built_snapshot():
+    """3 passages (nodes 0-2) and 4 entities (nodes 3-6). Mentions: e0 in p0; e1 in p0, p1; e2 in
+    p2; e3 in p1. Facts (rows): 0 = e0-e1, 1 = e3-e2 (subject e3), 2 = e0-e2."""
+    from hipgraph.query.ppr import to_csr
+    from hipgraph.query.snapshot import _assemble
+
+    src = np.array([0, 0, 1, 1, 2, 3, 6, 3])
+    dst = np.array([3, 4, 4, 6, 5, 4, 5, 5])
+    indptr, indices, weights = to_csr(7, src, dst, np.ones(src.size))
+    arrays = {"passage_ids": np.array([10, 11, 12]), "entity_ids": np.array([20, 21, 22, 23]),
+              "indptr": indptr, "indices": indices, "weights": weights,
+              "entity_passage_indptr": np.array([0, 1, 3, 4, 5]),
+              "entity_passage_indices": np.array([0, 0, 1, 2, 1], np.int32),
+              "fact_ids": np.array([100, 101, 102]), "fact_subject": np.array([0, 3, 0], np.int32),
+              "fact_object": np.array([1, 2, 2], np.int32)}
+    return _assemble(0, arrays)
+
+
+def test_make_seeds_follows_the_recipe_on_a_hand_built_snapshot():
+    """Every rule of make_seeds on numbers worked out by hand (ties at the cut go to the smaller
+    entity index; entity index 0 is an ordinary entity)."""
+    from hipgraph.query.graph import make_seeds, reset_matrix
+
+    snap = _hand_built_snapshot()
+    rows = np.array([-1, 0, 1, 2])  # best first; -1: a fact FAISS knows but the snapshot does not
+    scores = np.array([0.95, 0.9, 0.8, 0.7])
+    cfg = GraphRetrievalConfig(entity_top_k=2)
+    seeds = make_seeds(snap, rows, scores, {3: "Quill"}, np.array([2, 0, 1]), np.array([0.7, 0.5, 0.3]), cfg)
+    assert seeds.facts == [(0, 0.9), (1, 0.8), (2, 0.7)]
+    # fact entities: e0 max(0.9/1, 0.7/1) = 0.9, e1 0.9/2, e2 max(0.8/1, 0.7/1) = 0.8, e3 0.8/1;
+    # the top 2 are e0 and e2 (e2 beats e3 at 0.8 by index, though e3 was seen first); the linked
+    # e3 adds 1/1
+    assert seeds.entities == pytest.approx({0: 0.9, 2: 0.8, 3: 1.0})
+    assert seeds.linked == {3: "Quill"}
+    # min-max of 0.7, 0.5, 0.3 is 1, 0.5, 0 -> x 0.02; a zero weight is no seed
+    assert seeds.passages == pytest.approx({2: 0.02, 0: 0.01})
+    reset = reset_matrix(snap, [seeds])
+    assert reset.shape == (1, 7) and reset[0].tolist() == pytest.approx([0.01, 0.0, 0.02, 0.9, 0.0, 0.8, 1.0])
+
+    # fact_top_k counts the facts that passed the threshold; a linked entity adds to a fact weight
+    few = make_seeds(snap, rows, scores, {0: "Orla"}, np.zeros(0, np.int64), np.zeros(0),
+                     dataclasses.replace(cfg, fact_top_k=1, min_fact_score=0.85))
+    assert few.facts == [(0, 0.9)]
+    assert few.entities == pytest.approx({0: 1.9, 1: 0.45}) and few.passages == {}
+    # nothing clears the threshold and nothing links: no graph seeds (the caller falls back to dense)
+    none = make_seeds(snap, rows, scores, {}, np.array([1]), np.array([0.4]),
+                      dataclasses.replace(cfg, min_fact_score=0.96))
+    assert not none.has_graph_seeds and none.facts == [] and none.passages == {1: 0.02}
+    # equal dense scores give every candidate the full passage weight
+    flat = make_seeds(snap, rows[:0], scores[:0], {}, np.array([0, 2]), np.array([0.5, 0.5]), cfg)
+    assert flat.passages == pytest.approx({0: 0.02, 2: 0.02})

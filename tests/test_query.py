@@ -95,6 +95,18 @@ def test_strongest_path_prefers_the_likelier_walk():
     # e0 -> e1 has probability 3/4; e1 -> p0 has 1/4 (e1 also links back to e0 with weight 3)
     assert score == pytest.approx(0.75 * 0.25)
     assert strongest_path(snap, Seeds(entities={0: 1.0}), 1) == ([], 0.0)
+    # a seed whose only edge leads to the target (out-weight 1): the one-edge walk, probability 1
+    assert strongest_path(snap, Seeds(entities={3: 0.5}), 1) == ([5, 1], pytest.approx(0.5))
+
+
+def test_top_passages_are_the_k_best_with_ties_by_node():
+    from hipgraph.query.graph import top_passages
+
+    scores = np.array([0.1, 0.3, 0.0, 0.3, 0.2, 0.3])
+    assert top_passages(scores, 2) == [(1, 0.3), (3, 0.3)]  # three tied at 0.3: the smaller nodes
+    assert top_passages(scores, 4) == [(1, 0.3), (3, 0.3), (5, 0.3), (4, 0.2)]
+    assert top_passages(scores, 10) == [(1, 0.3), (3, 0.3), (5, 0.3), (4, 0.2), (0, 0.1)]  # no zeros
+    assert top_passages(scores, 0) == [] and top_passages(np.zeros(0), 3) == []
 
 
 def _brute_force_path_score(snap, seeds: dict[int, float], target: int) -> float:

@@ -193,6 +193,11 @@ def test_push_is_local_and_handles_dangling():
     push = personalized_pagerank(indptr, indices, weights, reset, method="push", eps=1e-12)
     ref = _igraph_ppr(indptr, indices, weights, reset, 0.5)
     assert np.abs(push - ref).sum() < 1e-8
+    # two unequal seeds: a dangling node's mass returns in the reset's proportions (dropping it
+    # would be the same after normalisation; sending it elsewhere is not)
+    reset = np.array([0.7, 0.0, 0.0, 0.3])
+    push = personalized_pagerank(indptr, indices, weights, reset, method="push", eps=1e-12)
+    assert np.abs(push - _dense_ppr(indptr, indices, weights, reset, 0.5)).sum() < 1e-8
 
 
 def test_validation_errors():

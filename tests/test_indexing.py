@@ -215,6 +215,23 @@ def test_any_sequence_of_adds_and_deletes_equals_a_fresh_build(make_index, sampl
         assert a["faiss"][kind] == a["vectors"][kind] == b["faiss"][kind]
 
 
+def test_synonym_cap_holds_after_every_add_and_delete(make_index, inline_docs):
+    """One document per batch, then deletes: entities reach the cap exactly, pass it and fall back
+    under it; after every step the synonym edges and degrees equal the brute-force rule."""
+    hg = make_index("steps", config=index_config(synonyms=SynonymConfig(threshold=0.5, max_neighbors=2)))
+    degrees: set[int] = set()
+    for doc in inline_docs[:8]:
+        hg.add_documents([doc])
+        check_consistency(hg)
+        degrees |= {int(d) for (d,) in hg.store.con.execute("SELECT synonym_degree FROM entities").fetchall()}
+    for key in ("jpi", "apa", "pct"):
+        hg.delete_documents([key])
+        check_consistency(hg)
+    hg.add_documents([inline_docs[0]])
+    check_consistency(hg)
+    assert {2, 3} <= degrees  # at the cap and past it at some step
+
+
 def test_batching_does_not_change_the_graph_when_neighbor_lists_are_full(make_index, inline_docs):
     """Synonym lists bounded by max_neighbors: the edges must not depend on which entities
     happened to be indexed earlier (two batches vs one batch of the same documents), and both

@@ -6,6 +6,9 @@ STAMP := $(VENV)/.hipgraph-installed
 DEV_STAMP := $(VENV)/.hipgraph-dev-installed
 DEMO_DB ?= indexes/sample
 MULTIHOP ?= ../shared/data/multihop
+# test processes (pytest-xdist; a test file runs whole in one of them): the suite takes ~10 min
+# with 2 on the 2-core development machine, ~20 min with 1
+TEST_WORKERS ?= 2
 QUESTION ?= Who was the first president of the association which published Journal of Psychotherapy Integration?
 
 export HF_HUB_OFFLINE := 1
@@ -39,7 +42,7 @@ demo: $(STAMP)
 
 test: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(DEV_STAMP)
 	$(PY) benchmarks/index_throughput.py

@@ -12,6 +12,7 @@ import faiss
 import pytest
 from conftest import MULTIHOP_QUESTION, copy_index, run_cli
 from test_conversations import _conversation
+from test_llm_indexing import DOCS, NER, TRIPLES  # the scripted extraction replies
 
 import hipgraph
 
@@ -20,15 +21,6 @@ try:
 except ImportError:  # tests/ is not a package: pytest puts it on sys.path
     from openai_server import ScriptedOpenAIServer
 
-DOCS = [
-    {"id": "newton", "title": "Isaac Newton", "text": "Isaac Newton wrote the Principia in 1687."},
-    {"id": "radio", "title": "Radio City", "text": "Radio City is India's first private FM radio station."},
-]
-NER = {"Isaac Newton wrote": ["Isaac Newton", "Principia", "1687"], "Radio City is": ["Radio City", "India"]}
-TRIPLES = {
-    "Isaac Newton wrote": [["Isaac Newton", "wrote", "Principia"], ["Principia", "published in", "1687"]],
-    "Radio City is": [["Radio City", "located in", "India"]],
-}
 
 
 @pytest.fixture(autouse=True)

@@ -63,7 +63,7 @@ def persist_facts(store: GraphStore, vectors: VectorSet, embedder: Embedder,
     facts = [f for f in facts if f.passage_ids]
     if not facts:
         return report
-    with store.transaction():
+    with store.writing(), store.transaction():
         names = sorted({n for f in facts for n in (f.subject, f.object)})
         ids = {name: int(i) for i, name in store.con.execute(
             "SELECT id, name FROM entities WHERE name IN (SELECT unnest(?::VARCHAR[]))", [names]).fetchall()}
@@ -102,7 +102,8 @@ def persist_facts(store: GraphStore, vectors: VectorSet, embedder: Embedder,
         update_synonyms(store, vectors.indexes["entity"], new_ids, nvecs,
                         np.zeros(0, np.int64), np.zeros((0, vectors.dimension), np.float32), synonyms)
         store.bump_generation()
-    vectors.apply(Removed(), added={"entity": (new_ids, nvecs), "fact": (fact_ids, wvecs)})
+        store.on_commit(lambda: vectors.apply(Removed(), added={"entity": (new_ids, nvecs),
+                                                                "fact": (fact_ids, wvecs)}))
     logger.info("persisted %d learned fact(s), %d new entities (%s)", len(write), len(new_names), extractor)
     report.fact_ids, report.entity_ids = assigned, ids
     report.written = {f.key for f, _ in write}

@@ -111,7 +111,12 @@ class Indexer:
         batches back in input order; writes stay on the calling thread. Records are read as a
         stream: only the batches in flight are held in memory. FAISS files are saved when the
         call ends and every :data:`CHECKPOINT_SECONDS` (DuckDB, saved per batch, is the truth).
+        Writers on other threads wait their turn; readers go on and see each batch once committed.
         """
+        with self.store.writing():
+            return self._add_documents(records, progress, batch_size, executor)
+
+    def _add_documents(self, records, progress, batch_size, executor) -> IndexReport:
         size = batch_size or self.config.batch_size
         report = IndexReport()
         in_flight: dict[str, str] = {}  # id -> content hash of documents planned, not yet written
@@ -171,6 +176,10 @@ class Indexer:
 
     def delete_documents(self, keys: Sequence[str]) -> IndexReport:
         """Delete documents by id; unknown ids are counted as warnings, not errors."""
+        with self.store.writing():
+            return self._delete_documents(keys)
+
+    def _delete_documents(self, keys: Sequence[str]) -> IndexReport:
         report = IndexReport()
         keys = [str(k) for k in keys]
         t0 = time.perf_counter()
@@ -187,11 +196,12 @@ class Indexer:
             refresh_entities(self.store, removed.affected_entities - removed.entities)
             self._synonyms(np.zeros(0, np.int64), None, removed)
             self.store.bump_generation()
+            self.store.on_commit(lambda: self.vectors.apply(removed, added={}, save=False))
+            t1 = time.perf_counter()
         report.deleted = len(found)
-        report.seconds["graph"] = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        self.vectors.apply(removed, added={})
-        report.seconds["write"] = time.perf_counter() - t1
+        report.seconds["graph"] = t1 - t0
+        self.vectors.save()
+        report.seconds["write"] = time.perf_counter() - t1  # commit, FAISS update and save
         return report
 
     # ------------------------------------------------------------------ one batch
@@ -365,12 +375,13 @@ class Indexer:
             n_synonyms = self._synonyms(new_entity_ids, batch.new_entity_vectors, removed)
             t_graph = time.perf_counter() - t0
             store.bump_generation()
-        added = {
-            "passage": (passage_ids, batch.passage_vectors),
-            "entity": (new_entity_ids, batch.new_entity_vectors),
-            "fact": (new_fact_ids[triple_mask], batch.new_fact_vectors),
-        }
-        self.vectors.apply(removed, added=added, save=False)
+            added = {
+                "passage": (passage_ids, batch.passage_vectors),
+                "entity": (new_entity_ids, batch.new_entity_vectors),
+                "fact": (new_fact_ids[triple_mask], batch.new_fact_vectors),
+            }
+            # FAISS changes with the commit, before readers see the new generation
+            store.on_commit(lambda: self.vectors.apply(removed, added=added, save=False))
         report.entities_new += len(batch.new_entities)
         report.facts_new += len(batch.new_facts)
         report.synonym_edges_new += n_synonyms

@@ -5,22 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hipgraph.store.database import GraphStore, id_list
+from hipgraph.store.database import GraphStore
+from hipgraph.store.reads import passage_rows
 from hipgraph.types import Hit, Hits
 
 Ranked = list[tuple[int, float, dict[str, Any]]]  # (passage id, score, why), best first
-
-
-def passage_rows(store: GraphStore, passage_ids: set[int]) -> dict[int, tuple[str, str, str]]:
-    """``passage id -> (document key, title, text)`` for the given ids (missing ids are absent)."""
-    rows: dict[int, tuple[str, str, str]] = {}
-    if not passage_ids:
-        return rows
-    for pid, key, title, text in store.con.execute(f"""
-            SELECT p.id, d.key, p.title, p.text FROM passages p JOIN documents d ON d.id = p.doc_id
-            WHERE p.id IN ({id_list(passage_ids)})""").fetchall():
-        rows[int(pid)] = (key, title, text)
-    return rows
 
 
 def to_hits(store: GraphStore, rankings: Sequence[Ranked], k: int,

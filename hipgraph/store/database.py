@@ -6,6 +6,8 @@ import json
 import logging
 import os
 import re
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +23,7 @@ from hipgraph.errors import (
     SchemaVersionError,
     StoreError,
 )
+from hipgraph.store.locks import ReadWriteLock
 from hipgraph.store.schema import ID_KINDS, SCHEMA_VERSION, VECTOR_KINDS, ddl, index_ddl
 
 logger = logging.getLogger(__name__)
@@ -57,18 +60,40 @@ def _lock_error(path: Path, exc: Exception) -> IndexLockedError:
 
 
 class GraphStore:
-    """Owns the DuckDB connection of one index folder.
+    """Owns the DuckDB database of one index folder.
 
-    Use :meth:`open`; writes happen inside :meth:`transaction`.
+    Use :meth:`open`; writes happen inside :meth:`transaction`. Safe to share between threads:
+    each thread reads and writes through its own cursor (:attr:`con`), writers take turns
+    (:meth:`writing`), and :attr:`lock` keeps readers off a batch while it is published.
     """
 
     def __init__(self, root: Path, con: duckdb.DuckDBPyConnection, *, read_only: bool):
         self.root = root
-        self.con = con
+        self._root_con = con
         self.read_only = read_only
         self.created = False  # True when this open created the schema
-        self._in_tx = False
+        self.lock = ReadWriteLock()  # shared: one read call; exclusive: publishing a commit
+        self._writer = threading.RLock()  # one writing thread at a time
+        self._cursors: weakref.WeakKeyDictionary[threading.Thread, duckdb.DuckDBPyConnection] = \
+            weakref.WeakKeyDictionary()
+        self._cursor_lock = threading.Lock()
+        self._closed = False
+        self._tx_owner: int | None = None  # thread ident inside transaction()
+        self._on_commit: list[Callable[[], None]] = []
         self._generation: int | None = None
+        self._commits = 0  # bumped at each commit; guards the generation cache against races
+
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """This thread's cursor on the database (DuckDB connections are not shared by threads)."""
+        thread = threading.current_thread()
+        con = self._cursors.get(thread)
+        if con is None:
+            with self._cursor_lock:
+                if self._closed:
+                    raise StoreError(f"index {self.root} is closed")
+                con = self._cursors[thread] = self._root_con.cursor()
+        return con
 
     # ------------------------------------------------------------------ opening
     @staticmethod
@@ -170,10 +195,15 @@ class GraphStore:
             )
 
     def close(self) -> None:
-        try:
-            self.con.close()
-        except duckdb.Error:  # closing twice is harmless
-            logger.debug("connection already closed", exc_info=True)
+        with self._cursor_lock:
+            self._closed = True
+            cursors = list(self._cursors.values())
+            self._cursors.clear()
+        for con in [*cursors, self._root_con]:
+            try:
+                con.close()
+            except duckdb.Error:  # closing twice is harmless
+                logger.debug("connection already closed", exc_info=True)
 
     # ------------------------------------------------------------------ meta and transactions
     def meta_get(self, key: str, default: Any = None) -> Any:
@@ -193,33 +223,69 @@ class GraphStore:
     def generation(self) -> int:
         """The index generation, bumped by every write that changes the graph.
 
-        Cached between transactions: DuckDB's file lock lets no other process write while this
-        connection is open, so only this object's transactions can change it.
+        Cached between commits: DuckDB's file lock lets no other process write while this
+        database is open, so only this object's transactions can change it.
         """
-        if self._generation is None or self._in_tx:
-            self._generation = int(self.meta_get("generation", 0))
-        return self._generation
+        if self._tx_owner == threading.get_ident():
+            return int(self.meta_get("generation", 0))
+        cached = self._generation
+        if cached is None:
+            seen = self._commits
+            cached = int(self.meta_get("generation", 0))
+            with self._cursor_lock:
+                if self._commits == seen:  # no commit in between: the value read is current
+                    self._generation = cached
+        return cached
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold the write turn (writers on other threads wait; readers do not)."""
+        self._require_writable()
+        with self._writer:
+            yield
 
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """One atomic write: everything inside commits together or not at all."""
+        """One atomic write: everything inside commits together or not at all.
+
+        The COMMIT and the callbacks registered with :meth:`on_commit` (FAISS updates) run under
+        the exclusive side of :attr:`lock`, so readers see the batch whole or not at all.
+        """
         self._require_writable()
-        if self._in_tx:
+        me = threading.get_ident()
+        if self._tx_owner == me:
             yield self.con
             return
-        self.con.execute("BEGIN TRANSACTION")
-        self._in_tx = True
-        self._generation = None
-        try:
-            yield self.con
-        except BaseException:
-            self._in_tx = False
-            self._generation = None
-            self.con.execute("ROLLBACK")
-            raise
-        self._in_tx = False
-        self._generation = None
-        self.con.execute("COMMIT")
+        with self._writer:
+            con = self.con
+            con.execute("BEGIN TRANSACTION")
+            self._tx_owner = me
+            self._on_commit = []
+            try:
+                yield con
+            except BaseException:
+                self._tx_owner = None
+                self._on_commit = []
+                con.execute("ROLLBACK")
+                raise
+            callbacks, self._on_commit = self._on_commit, []
+            with self.lock.exclusive():
+                try:
+                    con.execute("COMMIT")
+                finally:
+                    self._tx_owner = None
+                    with self._cursor_lock:
+                        self._commits += 1
+                        self._generation = None
+                for callback in callbacks:
+                    callback()
+
+    def on_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` right after the current transaction commits, before readers resume
+        (in-memory state that must change with the commit: the FAISS indexes)."""
+        if self._tx_owner != threading.get_ident():
+            raise StoreError("on_commit needs an open transaction on this thread")
+        self._on_commit.append(callback)
 
     def _require_writable(self) -> None:
         if self.read_only:
@@ -237,7 +303,6 @@ class GraphStore:
     def bump_generation(self) -> int:
         generation = int(self.meta_get("generation", 0)) + 1
         self.meta_set("generation", generation)
-        self._generation = None
         return generation
 
     # ------------------------------------------------------------------ bulk helpers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -68,6 +69,7 @@ class HipGraph:
         self.config = (config or IndexConfig()).replace(
             **({"extractor": extractor} if extractor is not None else {}))
         self._embedder = embedder
+        self._lazy = threading.RLock()  # backends and sides made on first use, once
 
         def new_schema() -> tuple[int, dict[str, Any]]:
             emb = self.embedder
@@ -116,7 +118,10 @@ class HipGraph:
     @property
     def embedder(self) -> Embedder:
         if self._embedder is None:
-            self._embedder = registry.create("embedder", self.config.embedder.name, self.config.embedder)
+            with self._lazy:
+                if self._embedder is None:
+                    self._embedder = registry.create("embedder", self.config.embedder.name,
+                                                     self.config.embedder)
         return self._embedder
 
     def _make_extractor(self) -> Extractor:
@@ -128,7 +133,10 @@ class HipGraph:
     @property
     def indexer(self) -> Indexer:
         if self._indexer is None:
-            self._indexer = Indexer(self.store, self.vectors, self.embedder, self._make_extractor, self.config)
+            with self._lazy:
+                if self._indexer is None:
+                    self._indexer = Indexer(self.store, self.vectors, self.embedder,
+                                            self._make_extractor, self.config)
         return self._indexer
 
     # ------------------------------------------------------------------ writing
@@ -166,7 +174,8 @@ class HipGraph:
             if runner is not None:
                 runner.close()
         if report.added or report.replaced:
-            self.store.meta_set("extractor", self.indexer.extractor.name)
+            with self.store.writing():
+                self.store.meta_set("extractor", self.indexer.extractor.name)
         return report
 
     def add_conversation(self, conversation: Conversation | Mapping[str, Any], *,
@@ -212,8 +221,9 @@ class HipGraph:
                 raise ConfigError("session_ids takes a list of ids, not one string")
             keys = [session_key(conversation_id, s) for s in session_ids]
         else:
-            keys = [k for (k,) in self.store.con.execute(
-                "SELECT key FROM documents WHERE starts_with(key, ?)", [f"{conversation_id}#"]).fetchall()]
+            from hipgraph.store.reads import document_keys_with_prefix  # noqa: PLC0415
+
+            keys = document_keys_with_prefix(self.store, f"{conversation_id}#")
         return self.delete_documents(keys)
 
     def delete_documents(self, ids: Sequence[str]) -> IndexReport:
@@ -224,8 +234,9 @@ class HipGraph:
 
     # ------------------------------------------------------------------ reading
     def stats(self) -> dict[str, Any]:
-        """Counts: documents, passages, entities, facts and edges by type."""
-        return Stats(self.store.stats())
+        """Counts: documents, passages, entities, facts and edges by type (one generation)."""
+        with self.store.lock.shared():
+            return Stats(self.store.stats())
 
     def to_networkx(self, question: str | None = None, *, entities: Sequence[str] | None = None,
                     hops: int = 1, k: int = 5, max_nodes: int = 300, config: RetrievalConfig | None = None):
@@ -234,16 +245,24 @@ class HipGraph:
         their strongest paths, then the highest-mass nodes up to ``max_nodes``), with node
         attributes ``kind``, ``label``, ``ppr``, ``seed``, ``retrieved`` and edge ``type``,
         ``weight``, ``on_path`` (see :mod:`hipgraph.query.export`)."""
-        from hipgraph.query.export import graph_view, to_networkx  # noqa: PLC0415
+        from hipgraph.query.export import to_networkx  # noqa: PLC0415
 
-        return to_networkx(graph_view(self.retriever, question, entities, hops, k, max_nodes, config))
+        return to_networkx(self._graph_view(question, entities, hops, k, max_nodes, config))
 
     def to_igraph(self, question: str | None = None, *, entities: Sequence[str] | None = None,
                   hops: int = 1, k: int = 5, max_nodes: int = 300, config: RetrievalConfig | None = None):
         """:meth:`to_networkx` as an ``igraph.Graph`` (node keys in the ``name`` attribute)."""
-        from hipgraph.query.export import graph_view, to_igraph  # noqa: PLC0415
+        from hipgraph.query.export import to_igraph  # noqa: PLC0415
 
-        return to_igraph(graph_view(self.retriever, question, entities, hops, k, max_nodes, config))
+        return to_igraph(self._graph_view(question, entities, hops, k, max_nodes, config))
+
+    def _graph_view(self, question, entities, hops, k, max_nodes, config):
+        from hipgraph.query.export import graph_view  # noqa: PLC0415
+
+        cfg = config or self.retrieval
+        with self.retriever.reading() as view:
+            graph = self.retriever.query(view, cfg).graph
+            return graph_view(graph, cfg, question, entities, hops, k, max_nodes)
 
     def facts(self, entity: str | None = None, *, as_of: Any = None, current_only: bool = False) -> list[Fact]:
         """Stored facts (subject, relation, object), those about ``entity`` (its name, any case)
@@ -252,19 +271,13 @@ class HipGraph:
         ``current_only`` keeps those that still held then (or now). Ordered by time, then id."""
         from hipgraph.indexers.normalize import normalize_entity  # noqa: PLC0415
         from hipgraph.query.validity import FactTime  # noqa: PLC0415
+        from hipgraph.store.reads import triple_facts  # noqa: PLC0415
         from hipgraph.temporal import parse_time  # noqa: PLC0415
 
         when = parse_time(as_of, where="as_of") if as_of is not None else None
-        sql = """SELECT f.id, f.subject_id, s.name, f.relation, f.object_id, o.name,
-                        list(DISTINCT fs.passage_id ORDER BY fs.passage_id)
-                 FROM facts f JOIN entities s ON s.id = f.subject_id JOIN entities o ON o.id = f.object_id
-                 JOIN fact_sources fs ON fs.fact_id = f.id WHERE f.kind = 'triple'"""
-        params: list[Any] = []
-        if entity is not None:
-            sql += " AND (s.name = ? OR o.name = ?)"
-            params = [normalize_entity(entity)] * 2
-        rows = self.store.con.execute(sql + " GROUP BY ALL", params).fetchall()
-        times = self.retriever.fact_times()
+        with self.retriever.reading() as view:
+            rows = triple_facts(self.store, None if entity is None else normalize_entity(entity))
+            times = view.fact_times()
         out = []
         for fid, sid, subj, rel, oid, obj, pids in rows:
             t = times.get(int(fid), FactTime(int(fid), None)).as_of(when)
@@ -277,10 +290,13 @@ class HipGraph:
 
     @property
     def retriever(self) -> Retriever:
+        """The read side (one per handle, shared by all threads)."""
         if self._retriever is None:
-            self._retriever = Retriever(self.store, self.vectors, lambda: self.embedder,
-                                        self.config.extractor.spacy_model, self.retrieval,
-                                        chat_client=self.chat_client)
+            with self._lazy:
+                if self._retriever is None:
+                    self._retriever = Retriever(self.store, self.vectors, lambda: self.embedder,
+                                                self.config.extractor.spacy_model, self.retrieval,
+                                                chat_client=self.chat_client)
         return self._retriever
 
     def retrieve(self, question: str, k: int = 5, mode: str = "graph",
@@ -359,9 +375,10 @@ class HipGraph:
 
     def chat_client(self, config: ChatConfig) -> ChatClient:
         """The chat client of this handle for ``config`` (one per endpoint configuration)."""
-        if config not in self._chat_clients:
-            self._chat_clients[config] = ChatClient(config)
-        return self._chat_clients[config]
+        with self._lazy:
+            if config not in self._chat_clients:
+                self._chat_clients[config] = ChatClient(config)
+            return self._chat_clients[config]
 
     def _generator(self, generator: GeneratorConfig | Any | None) -> Any:
         """The backend for ``generator`` (None for "none"); backends built from a config are
@@ -371,14 +388,15 @@ class HipGraph:
         if isinstance(generator, GeneratorConfig):
             if generator.name == "none":
                 return None
-            if generator not in self._generators:
-                if generator.name == "local":
-                    backend = registry.create("generator", "local", generator)
-                else:  # one HTTP client per endpoint, shared with graph retrieval's fact filter
-                    backend = registry.create("generator", generator.name, generator.chat,
-                                              client=self.chat_client(generator.chat))
-                self._generators[generator] = backend
-            return self._generators[generator]
+            with self._lazy:
+                if generator not in self._generators:
+                    if generator.name == "local":
+                        backend = registry.create("generator", "local", generator)
+                    else:  # one HTTP client per endpoint, shared with graph retrieval's fact filter
+                        backend = registry.create("generator", generator.name, generator.chat,
+                                                  client=self.chat_client(generator.chat))
+                    self._generators[generator] = backend
+                return self._generators[generator]
         if not callable(getattr(generator, "generate", None)):
             raise ConfigError("generator must be a GeneratorConfig or an object with generate()")
         return generator

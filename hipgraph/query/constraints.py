@@ -28,6 +28,7 @@ import numpy as np
 from hipgraph.config import DecomposeConfig, RetrievalConfig
 from hipgraph.indexers.normalize import normalize_entity
 from hipgraph.query.decompose import Decomposition, Step
+from hipgraph.query.graph_search import GraphSearch
 from hipgraph.query.hits import Ranked
 from hipgraph.types import Hit
 
@@ -125,15 +126,15 @@ class _Pending:
 
 
 class ConstraintRunner:
-    """Runs decomposed constraint retrieval over a :class:`~hipgraph.query.engine.Retriever`.
+    """Runs decomposed constraint retrieval over a :class:`~hipgraph.query.graph_search.GraphSearch`.
 
     ``reader`` (optional) is an LLM helper with ``read(question, step, passages)`` returning
     ``(short answer or None, sufficient)`` and ``rewrite(question, step, passages)`` returning a
     new query; without it bridges come from the graph and weak steps try the next candidates.
     """
 
-    def __init__(self, retriever, decomposer, reader=None):
-        self.retriever = retriever
+    def __init__(self, graph: GraphSearch, decomposer, reader=None):
+        self.graph = graph
         self.decomposer = decomposer
         self.reader = reader
 
@@ -211,8 +212,8 @@ class ConstraintRunner:
         """One batched graph retrieval for every query of every entry; per entry the weighted
         reciprocal-rank fusion of its queries' rankings, the best evidence, and bridge candidates."""
         flat = [query for queries in batch for query, _ in queries]
-        run = self.retriever.graph_run(flat, cfg)
-        rankings = self.retriever.rank_run(run, depth, cfg.graph)
+        run = self.graph.graph_run(flat, cfg)
+        rankings = self.graph.rank_run(run, depth, cfg.graph)
         out = []
         i = 0
         for queries, head, words in zip(batch, heads, seen, strict=True):
@@ -246,7 +247,7 @@ class ConstraintRunner:
         of any seed fact it takes part in; then weighted by how well its type fits the head noun.
         """
         snap = run.snapshot
-        names = self.retriever.entity_names()
+        names = self.graph.entity_names()
         p = snap.n_passages
         seeds = run.seeds[i]
         # the step's anchors and everything earlier steps of its chain named
@@ -293,7 +294,7 @@ class ConstraintRunner:
             return
         attempts = [p.trace.attempts[-1] for p in wave]
         items = [(questions[p.q], a.queries[0][0],
-                  self.retriever.passage_texts([pid for pid, _, _ in a.ranking[: dcfg.read_passages]]))
+                  self.graph.passage_texts([pid for pid, _, _ in a.ranking[: dcfg.read_passages]]))
                  for p, a in zip(wave, attempts, strict=True)]
         for a, (answer, sufficient) in zip(attempts, self.reader.read_many(items), strict=True):
             a.answer, a.sufficient = answer, sufficient
@@ -307,7 +308,7 @@ class ConstraintRunner:
         if not weak or len(p.trace.attempts) > dcfg.max_retries:
             return None
         if self.reader is not None and dcfg.llm_bridges:
-            passages = self.retriever.passage_texts(
+            passages = self.graph.passage_texts(
                 [pid for pid, _, _ in attempt.ranking[: dcfg.read_passages]])
             query = self.reader.rewrite(question, attempt.queries[0][0], passages)
             if query and query not in {q for a in p.trace.attempts for q, _ in a.queries}:

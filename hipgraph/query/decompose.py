@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -85,6 +86,7 @@ class RuleDecomposer:
         self.spacy_model = spacy_model
         self.max_steps = max_steps
         self._nlp = None
+        self._lock = threading.Lock()  # one parse at a time: a spaCy pipeline is not shared safely
 
     def _load(self):
         self._nlp = load_pipeline(self.spacy_model, exclude=("lemmatizer",),
@@ -92,8 +94,9 @@ class RuleDecomposer:
         return self._nlp
 
     def decompose_many(self, questions: Sequence[str]) -> list[Decomposition]:
-        nlp = self._nlp or self._load()
-        docs = [nlp(questions[0])] if len(questions) == 1 else nlp.pipe(questions, batch_size=64)
+        with self._lock:
+            nlp = self._nlp or self._load()
+            docs = [nlp(questions[0])] if len(questions) == 1 else list(nlp.pipe(questions, batch_size=64))
         return [self.from_doc(q, doc) for q, doc in zip(questions, docs, strict=True)]
 
     def from_doc(self, question: str, doc) -> Decomposition:

@@ -16,7 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from hipgraph.config import RetrievalConfig
 from hipgraph.errors import BackendUnavailableError, ConfigError
+from hipgraph.query.graph_search import GraphSearch
+from hipgraph.query.hits import to_hits
+from hipgraph.query.view import ReadView
+from hipgraph.store import reads
 
 
 @dataclass
@@ -27,24 +32,26 @@ class GraphView:
     edges: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
 
 
-def graph_view(retriever, question: str | None = None, entities: Sequence[str] | None = None,
-               hops: int = 1, k: int = 5, max_nodes: int = 300, config=None) -> GraphView:
+def graph_view(graph: GraphSearch, cfg: RetrievalConfig, question: str | None = None,
+               entities: Sequence[str] | None = None, hops: int = 1, k: int = 5,
+               max_nodes: int = 300) -> GraphView:
     """The whole graph (no ``question``/``entities``), the ``hops``-neighbourhood of named
     ``entities``, or a question's PPR subgraph: its seeds, top-``k`` passages, their strongest
-    paths, grown best-first by PPR mass through their neighbours up to ``max_nodes``."""
+    paths, grown best-first by PPR mass through their neighbours up to ``max_nodes``. Reads
+    ``graph``'s view only (the caller holds the store's shared lock)."""
     if hops < 0 or max_nodes < 1 or k < 1:
         raise ConfigError("hops must be >= 0, max_nodes and k >= 1")
-    snap = retriever.snapshot()
+    view = graph.view
+    snap = view.snapshot()
     p = snap.n_passages
     extra: dict[int, dict[str, Any]] = {}
     path_edges: set[frozenset[int]] = set()
     if question is not None:
-        cfg = config or retriever.config
-        run = retriever.graph_run([question], cfg)
+        run = graph.graph_run([question], cfg)
         seeds = run.seeds[0]
         mass = run.scores[run.rows[0]] if 0 in run.rows else np.zeros(snap.n_nodes)
-        ranked = retriever.rank_run(run, k, cfg.graph)[0]
-        hits = retriever.hits([ranked], k)[0]
+        ranked = graph.rank_run(run, k, cfg.graph)[0]
+        hits = to_hits(view, [ranked], k)[0]
         chosen = {p + e for e in seeds.entities}
         for rank, hit in enumerate(hits, start=1):
             node = int(snap.passage_nodes(np.array([hit.passage_id]))[0])
@@ -62,7 +69,7 @@ def graph_view(retriever, question: str | None = None, entities: Sequence[str] |
             extra.setdefault(node, {})["ppr"] = float(mass[node])
         nodes = sorted(chosen)[:max_nodes] if len(chosen) > max_nodes else sorted(chosen)
     elif entities is not None:
-        names = retriever.entity_names()
+        names = view.entity_names()
         start = []
         for name in entities:
             eid = names.exact(name)
@@ -82,7 +89,7 @@ def graph_view(retriever, question: str | None = None, entities: Sequence[str] |
         nodes = sorted(seen)[:max_nodes] if len(seen) > max_nodes else sorted(seen)
     else:
         nodes = list(range(snap.n_nodes))
-    return _view(retriever, snap, nodes, extra, path_edges, annotate=question is not None)
+    return _assemble(view, snap, nodes, extra, path_edges, annotate=question is not None)
 
 
 def _grow(snap, chosen: set[int], mass: np.ndarray, max_nodes: int) -> None:
@@ -106,19 +113,14 @@ def _grow(snap, chosen: set[int], mass: np.ndarray, max_nodes: int) -> None:
         push_neighbours(node)
 
 
-def _view(retriever, snap, nodes: list[int], extra: dict[int, dict[str, Any]],
+def _assemble(read: ReadView, snap, nodes: list[int], extra: dict[int, dict[str, Any]],
           path_edges: set[frozenset[int]], annotate: bool) -> GraphView:
     p = snap.n_passages
     keep = set(nodes)
     pids = [int(snap.passage_ids[n]) for n in nodes if n < p]
     eids = [int(snap.entity_ids[n - p]) for n in nodes if n >= p]
-    con = retriever.store.con
-    titles = dict(((int(i), (t, k)) for i, t, k in con.execute(
-        "SELECT p.id, p.title, d.key FROM passages p JOIN documents d ON d.id = p.doc_id "
-        "WHERE p.id IN (SELECT unnest(?::BIGINT[]))", [pids]).fetchall())) if pids else {}
-    ents = dict(((int(i), (n, lab)) for i, n, lab in con.execute(
-        "SELECT id, name, coalesce(label, '') FROM entities WHERE id IN (SELECT unnest(?::BIGINT[]))",
-        [eids]).fetchall())) if eids else {}
+    titles = reads.passage_titles(read.store, pids)
+    ents = reads.entity_labels(read.store, eids)
     view = GraphView()
     for n in nodes:
         base = {"ppr": 0.0, "seed": 0.0, "retrieved": 0} if annotate else {}
@@ -133,7 +135,7 @@ def _view(retriever, snap, nodes: list[int], extra: dict[int, dict[str, Any]],
             view.nodes[f"e:{eid}"] = {"kind": "entity", "label": name, "entity_label": label,
                                       **base, **extra.get(n, {})}
     key = {n: (f"p:{int(snap.passage_ids[n])}" if n < p else f"e:{int(snap.entity_ids[n - p])}") for n in nodes}
-    types = _edge_types(con, pids, eids)
+    types = _edge_types(read, eids)
     for n in nodes:
         nbrs, weights = snap.neighbors(n)
         for m, w in zip(nbrs.tolist(), weights.tolist(), strict=True):
@@ -148,15 +150,12 @@ def _view(retriever, snap, nodes: list[int], extra: dict[int, dict[str, Any]],
     return view
 
 
-def _edge_types(con, pids: list[int], eids: list[int]) -> dict[tuple[str, str], str]:
+def _edge_types(read: ReadView, eids: list[int]) -> dict[tuple[str, str], str]:
     """The stored type of each entity-entity edge among ``eids`` (fact wins over synonym)."""
     if len(eids) < 2:
         return {}
     out: dict[tuple[str, str], str] = {}
-    for typ, src, dst in con.execute("""
-            SELECT type, src, dst FROM edges WHERE type <> 'mention'
-            AND src IN (SELECT unnest(?::BIGINT[])) AND dst IN (SELECT unnest(?::BIGINT[]))""",
-                                     [eids, eids]).fetchall():
+    for typ, src, dst in reads.entity_edges_among(read.store, eids):
         k = (f"e:{int(src)}", f"e:{int(dst)}")
         if out.get(k) != "fact":
             out[k] = typ

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
-from hipgraph.store.database import GraphStore
-from hipgraph.store.reads import passage_rows
 from hipgraph.types import Hit, Hits
 
 Ranked = list[tuple[int, float, dict[str, Any]]]  # (passage id, score, why), best first
 
 
-def to_hits(store: GraphStore, rankings: Sequence[Ranked], k: int,
+class PassageRows(Protocol):
+    def passage_rows(self, passage_ids: Iterable[int]) -> dict[int, tuple[str, str, str]]:
+        """``passage id -> (document key, title, text)``; ids no longer stored are absent."""
+
+
+def to_hits(source: PassageRows, rankings: Sequence[Ranked], k: int,
             memory: Mapping[int, Mapping[str, Any]] | None = None) -> list[list[Hit]]:
-    """The top ``k`` of each ranking as hits; ids no longer stored are skipped. ``memory``: the
-    conversation units' hit fields (turn ids, session, time) by passage id."""
-    rows = passage_rows(store, {pid for ranked in rankings for pid, _, _ in ranked[:k]})
+    """The top ``k`` of each ranking as hits (one read of ``source``, a read view); ids no longer
+    stored are skipped. ``memory``: the conversation units' hit fields (turn ids, session,
+    time) by passage id."""
+    rows = source.passage_rows({pid for ranked in rankings for pid, _, _ in ranked[:k]})
     memory = memory or {}
     results: list[list[Hit]] = []
     for ranked in rankings:

@@ -8,10 +8,12 @@ cosine reaches the configured threshold (the embedding lookup is done by the cal
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 
 from hipgraph.indexers.extract_spacy import load_pipeline
 from hipgraph.indexers.normalize import clean_surface, normalize_entity
+from hipgraph.store import reads
 from hipgraph.store.database import GraphStore
 
 logger = logging.getLogger(__name__)
@@ -25,6 +27,7 @@ class QuestionSpans:
     def __init__(self, spacy_model: str):
         self.spacy_model = spacy_model
         self._nlp = None
+        self._lock = threading.Lock()  # one parse at a time: a spaCy pipeline is not shared safely
 
     def _load(self):
         # spans need entities and part-of-speech tags only: no parser, no lemmatizer
@@ -41,10 +44,11 @@ class QuestionSpans:
         named entities and proper-noun runs not covered by them are returned too, unmatched
         ones with ``None`` for the caller's embedding lookup.
         """
-        nlp = self._nlp or self._load()
         out: list[list[tuple[str, int | None]]] = []
-        # nlp() skips pipe()'s batching overhead (~0.6 ms) for the common single question
-        docs = [nlp(questions[0])] if len(questions) == 1 else nlp.pipe(questions, batch_size=64)
+        with self._lock:
+            nlp = self._nlp or self._load()
+            # nlp() skips pipe()'s batching overhead (~0.6 ms) for the common single question
+            docs = [nlp(questions[0])] if len(questions) == 1 else list(nlp.pipe(questions, batch_size=64))
         for doc in docs:
             candidates = self._candidate_spans(doc)
             taken: list[tuple[int, int, str, int | None]] = []
@@ -103,12 +107,12 @@ class QuestionSpans:
 class EntityNames:
     """Normalised entity name → entity id, read once per index generation."""
 
-    def __init__(self, store: GraphStore):
-        self.generation = store.generation
-        rows = store.con.execute("SELECT id, name, label FROM entities ORDER BY id").fetchall()
-        self.by_name = {name: int(eid) for eid, name, _ in rows}
-        self.by_id = {int(eid): name for eid, name, _ in rows}
-        self.label_by_id = {int(eid): label or "" for eid, _, label in rows}
+    def __init__(self, store: GraphStore, generation: int | None = None):
+        self.generation = store.generation if generation is None else generation
+        rows = reads.entity_rows(store)
+        self.by_name = {name: eid for eid, name, _ in rows}
+        self.by_id = {eid: name for eid, name, _ in rows}
+        self.label_by_id = {eid: label or "" for eid, _, label in rows}
 
     def exact(self, span: str) -> int | None:
         return self.by_name.get(normalize_entity(span))

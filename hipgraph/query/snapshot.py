@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from hipgraph.query.ppr import PPRGraph, prepare_graph, to_csr
+from hipgraph.store import reads
 from hipgraph.store.database import GraphStore
 
 logger = logging.getLogger(__name__)
@@ -115,22 +116,16 @@ def _lookup(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return np.where(sorted_ids[pos_c] == ids, pos_c, -1).astype(np.int64)
 
 
-def _column(store: GraphStore, sql: str) -> list[np.ndarray]:
-    table = store.con.sql(sql).to_arrow_table()
-    return [table.column(i).to_numpy() for i in range(table.num_columns)]
-
-
 def build_snapshot(store: GraphStore) -> GraphSnapshot:
     """Read the graph from DuckDB into a fresh :class:`GraphSnapshot`."""
     generation = store.generation
-    (passage_ids,) = _column(store, "SELECT id FROM passages ORDER BY id")
-    (entity_ids,) = _column(store, "SELECT id FROM entities ORDER BY id")
+    cols = reads.snapshot_columns(store)
+    (passage_ids,), (entity_ids,) = cols["passages"], cols["entities"]
     passage_ids = passage_ids.astype(np.int64)
     entity_ids = entity_ids.astype(np.int64)
     n_p, n_e = passage_ids.size, entity_ids.size
-    src_m, dst_m = _column(store, "SELECT src, dst FROM edges WHERE type = 'mention'")
-    src_e, dst_e, w_e = _column(
-        store, "SELECT src, dst, weight FROM edges WHERE type IN ('fact', 'synonym')")
+    src_m, dst_m = cols["mentions"]
+    src_e, dst_e, w_e = cols["entity_edges"]
     mention_src = _lookup(passage_ids, src_m)
     mention_dst = _lookup(entity_ids, dst_m)
     ent_src = _lookup(entity_ids, src_e)
@@ -144,8 +139,7 @@ def build_snapshot(store: GraphStore) -> GraphSnapshot:
     # entity -> passage matrix (mention edges are distinct per passage-entity pair)
     ep_indptr, ep_indices, _ = to_csr(n_e, mention_dst[ok_m], mention_src[ok_m], undirected=False,
                                       n_cols=n_p)
-    fid, fs, fo = _column(
-        store, "SELECT id, subject_id, object_id FROM facts WHERE kind = 'triple' ORDER BY id")
+    fid, fs, fo = cols["facts"]
     return _assemble(generation, {
         "passage_ids": passage_ids, "entity_ids": entity_ids,
         "indptr": indptr, "indices": indices, "weights": weights,

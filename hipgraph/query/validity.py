@@ -18,6 +18,7 @@ from datetime import datetime
 
 import numpy as np
 
+from hipgraph.store import reads
 from hipgraph.store.database import GraphStore
 
 # relations that hold several objects at once: a new object adds, it does not replace
@@ -70,10 +71,7 @@ def fact_times(store: GraphStore, unit_start: Mapping[int, datetime]) -> dict[in
     the unit's start time); other facts are always valid."""
     if not unit_start:
         return {}
-    rows = store.con.execute("""
-        SELECT f.id, f.subject_id, f.relation, f.object_id, coalesce(o.label, ''), fs.passage_id
-        FROM facts f JOIN fact_sources fs ON fs.fact_id = f.id JOIN entities o ON o.id = f.object_id
-        WHERE f.kind = 'triple'""").fetchall()
+    rows = reads.triple_sources(store)
     first: dict[int, datetime] = {}
     keys: dict[int, tuple[int, str, int, str]] = {}
     for fid, subj, rel, obj, label, pid in rows:

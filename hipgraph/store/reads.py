@@ -6,7 +6,11 @@ transaction, so it sees the last committed generation.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
 
 from hipgraph.store.database import GraphStore, id_list
 
@@ -20,3 +24,114 @@ def passage_rows(store: GraphStore, passage_ids: Iterable[int]) -> dict[int, tup
         SELECT p.id, d.key, p.title, p.text FROM passages p JOIN documents d ON d.id = p.doc_id
         WHERE p.id IN ({id_list(ids)})""").fetchall()
     return {int(pid): (key, title, text) for pid, key, title, text in rows}
+
+
+def passage_texts_for_bm25(store: GraphStore) -> tuple[np.ndarray, list[str]]:
+    """Every passage id (ascending) with its ``title + "\\n" + text`` (the text alone untitled)."""
+    rows = store.con.execute("SELECT id, title, text FROM passages ORDER BY id").fetchall()
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    return ids, [f"{title}\n{text}" if title else text for _, title, text in rows]
+
+
+def entity_rows(store: GraphStore) -> list[tuple[int, str, str | None]]:
+    """Every entity as ``(id, normalised name, label)``, by id."""
+    return [(int(i), n, lab) for i, n, lab in
+            store.con.execute("SELECT id, name, label FROM entities ORDER BY id").fetchall()]
+
+
+def fact_triples(store: GraphStore, fact_ids: Iterable[int]) -> dict[int, tuple[int, str, int]]:
+    """``fact id -> (subject id, relation, object id)`` for the given ids."""
+    ids = list(fact_ids)
+    if not ids:
+        return {}
+    rows = store.con.execute(
+        f"SELECT id, subject_id, relation, object_id FROM facts WHERE id IN ({id_list(ids)})").fetchall()
+    return {int(i): (int(s), r, int(o)) for i, s, r, o in rows}
+
+
+def unit_rows(store: GraphStore, kind: str) -> list[tuple[int, int, int, dict[str, Any]]]:
+    """``(passage id, start char, end char, document metadata)`` of every passage of a document
+    whose metadata ``kind`` is ``kind`` (conversation sessions)."""
+    rows = store.con.execute("""
+        SELECT p.id, p.start_char, p.end_char, d.metadata FROM passages p
+        JOIN documents d ON d.id = p.doc_id
+        WHERE json_extract_string(d.metadata, '$.kind') = ?""", [kind]).fetchall()
+    return [(int(pid), start, end, json.loads(raw) if isinstance(raw, str) else raw)
+            for pid, start, end, raw in rows]
+
+
+def triple_sources(store: GraphStore) -> list[tuple[int, int, str, int, str, int]]:
+    """Every (triple fact, source passage) pair: ``(fact id, subject id, relation, object id,
+    object label or '', passage id)``."""
+    return store.con.execute("""
+        SELECT f.id, f.subject_id, f.relation, f.object_id, coalesce(o.label, ''), fs.passage_id
+        FROM facts f JOIN fact_sources fs ON fs.fact_id = f.id JOIN entities o ON o.id = f.object_id
+        WHERE f.kind = 'triple'""").fetchall()
+
+
+def arrow_columns(store: GraphStore, sql: str) -> list[np.ndarray]:
+    """The result columns of ``sql`` as numpy arrays (snapshot builds)."""
+    table = store.con.sql(sql).to_arrow_table()
+    return [table.column(i).to_numpy() for i in range(table.num_columns)]
+
+
+def snapshot_columns(store: GraphStore) -> dict[str, list[np.ndarray]]:
+    """The columns a graph snapshot is built from: passage and entity ids, mention edges,
+    fact/synonym edges with weights, and the triple facts' subjects and objects."""
+    return {
+        "passages": arrow_columns(store, "SELECT id FROM passages ORDER BY id"),
+        "entities": arrow_columns(store, "SELECT id FROM entities ORDER BY id"),
+        "mentions": arrow_columns(store, "SELECT src, dst FROM edges WHERE type = 'mention'"),
+        "entity_edges": arrow_columns(
+            store, "SELECT src, dst, weight FROM edges WHERE type IN ('fact', 'synonym')"),
+        "facts": arrow_columns(
+            store, "SELECT id, subject_id, object_id FROM facts WHERE kind = 'triple' ORDER BY id"),
+    }
+
+
+def document_keys_with_prefix(store: GraphStore, prefix: str) -> list[str]:
+    """Keys of the documents whose key starts with ``prefix``."""
+    return [k for (k,) in store.con.execute(
+        "SELECT key FROM documents WHERE starts_with(key, ?) ORDER BY key", [prefix]).fetchall()]
+
+
+def triple_facts(store: GraphStore, entity_name: str | None = None,
+                 ) -> list[tuple[int, int, str, str, int, str, list[int]]]:
+    """Triple facts with names and source passages: ``(fact id, subject id, subject, relation,
+    object id, object, passage ids ascending)``; only those naming ``entity_name`` (normalised)
+    as subject or object when given."""
+    sql = """SELECT f.id, f.subject_id, s.name, f.relation, f.object_id, o.name,
+                    list(DISTINCT fs.passage_id ORDER BY fs.passage_id)
+             FROM facts f JOIN entities s ON s.id = f.subject_id JOIN entities o ON o.id = f.object_id
+             JOIN fact_sources fs ON fs.fact_id = f.id WHERE f.kind = 'triple'"""
+    params: list[Any] = []
+    if entity_name is not None:
+        sql += " AND (s.name = ? OR o.name = ?)"
+        params = [entity_name, entity_name]
+    return store.con.execute(sql + " GROUP BY ALL", params).fetchall()
+
+
+def passage_titles(store: GraphStore, passage_ids: list[int]) -> dict[int, tuple[str, str]]:
+    """``passage id -> (title, document key)``."""
+    if not passage_ids:
+        return {}
+    return {int(i): (t, k) for i, t, k in store.con.execute(
+        "SELECT p.id, p.title, d.key FROM passages p JOIN documents d ON d.id = p.doc_id "
+        "WHERE p.id IN (SELECT unnest(?::BIGINT[]))", [passage_ids]).fetchall()}
+
+
+def entity_labels(store: GraphStore, entity_ids: list[int]) -> dict[int, tuple[str, str]]:
+    """``entity id -> (name, label or '')``."""
+    if not entity_ids:
+        return {}
+    return {int(i): (n, lab) for i, n, lab in store.con.execute(
+        "SELECT id, name, coalesce(label, '') FROM entities WHERE id IN (SELECT unnest(?::BIGINT[]))",
+        [entity_ids]).fetchall()}
+
+
+def entity_edges_among(store: GraphStore, entity_ids: list[int]) -> list[tuple[str, int, int]]:
+    """``(type, src, dst)`` of the fact and synonym edges between the given entities."""
+    return [(t, int(s), int(d)) for t, s, d in store.con.execute("""
+        SELECT type, src, dst FROM edges WHERE type <> 'mention'
+        AND src IN (SELECT unnest(?::BIGINT[])) AND dst IN (SELECT unnest(?::BIGINT[]))""",
+        [entity_ids, entity_ids]).fetchall()]

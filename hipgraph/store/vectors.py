@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,7 @@ class FaissVectorIndex:
         self.trained_on = 0  # vectors the IVF layout was trained for
         self._index = self._new_index(0)
         self._gpu_index = None
+        self._gpu_lock = threading.Lock()  # GPU copy: made once, searched by one thread at a time
 
     # ------------------------------------------------------------------ construction
     def _new_index(self, expected: int):
@@ -150,7 +152,11 @@ class FaissVectorIndex:
             n = queries.shape[0]
             return np.full((n, max(k, 0)), -np.inf, np.float32), np.full((n, max(k, 0)), -1, np.int64)
         index = self._search_index()
-        scores, ids = index.search(queries, min(k, self.ntotal))
+        if index is self._index:  # concurrent CPU searches are safe in FAISS
+            scores, ids = index.search(queries, min(k, self.ntotal))
+        else:
+            with self._gpu_lock:
+                scores, ids = index.search(queries, min(k, self.ntotal))
         scores = np.where(ids < 0, -np.inf, scores).astype(np.float32)
         if ids.shape[1] < k:  # pad to k columns
             pad = k - ids.shape[1]
@@ -177,12 +183,16 @@ class FaissVectorIndex:
         if self.config.use_gpu == "never" or self.layout == "hnsw":
             return self._index
         if self._gpu_index is None and gpu_count() > 0:
-            try:
-                self._gpu_index = self._faiss.index_cpu_to_all_gpus(self._index)
-            except RuntimeError:
-                logger.warning("FAISS could not move the index to GPU; searching on CPU", exc_info=True)
-                self._gpu_index = self._index
-        return self._gpu_index if self._gpu_index is not None else self._index
+            with self._gpu_lock:
+                if self._gpu_index is None:
+                    try:
+                        self._gpu_index = self._faiss.index_cpu_to_all_gpus(self._index)
+                    except RuntimeError:
+                        logger.warning("FAISS could not move the index to GPU; searching on CPU",
+                                       exc_info=True)
+                        self._gpu_index = self._index
+        gpu = self._gpu_index
+        return gpu if gpu is not None else self._index
 
     @property
     def on_gpu(self) -> bool:

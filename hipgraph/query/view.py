@@ -1,0 +1,160 @@
+"""The read view: everything queries read of one index generation, shared by all threads.
+
+A :class:`ReadView` belongs to one generation. Its parts (graph snapshot, entity names, memory
+units and their times, fact validity, BM25 index) are built on first use, once, under a lock
+per part, and never change afterwards. :class:`Views` hands out the view of the current
+generation and swaps in a new one when a write has bumped it; readers that hold the old view
+finish on it. Callers hold the store's shared lock (``store.lock.shared()``) for the whole read,
+so the generation, DuckDB's rows and the FAISS indexes agree while they read.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import numpy as np
+
+from hipgraph.indexers.conversations import SESSION_KIND, unit_record
+from hipgraph.query.linking import EntityNames
+from hipgraph.query.snapshot import GraphSnapshot, current_snapshot
+from hipgraph.query.validity import FactTime, fact_times
+from hipgraph.store import reads
+from hipgraph.store.database import GraphStore
+from hipgraph.store.vector_set import VectorSet
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+UnitTimes = dict[int, tuple[datetime, datetime]]
+
+
+class ReadView:
+    """One generation's query-time state (see module docstring)."""
+
+    def __init__(self, store: GraphStore, vectors: VectorSet, generation: int):
+        self.store = store
+        self.vectors = vectors
+        self.generation = generation
+        self._parts: dict[Any, Any] = {}
+        self._locks: dict[Any, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def _once(self, key: Any, build: Callable[[], T]) -> T:
+        """The part ``key``, built by the first thread that asks (the others wait for it)."""
+        try:
+            return self._parts[key]
+        except KeyError:
+            pass
+        with self._guard:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._parts:
+                self._parts[key] = build()
+            return self._parts[key]
+
+    # ------------------------------------------------------------------ parts
+    def snapshot(self) -> GraphSnapshot:
+        """The graph as CSR arrays over one node order (cached on disk per generation)."""
+        return self._once("snapshot", lambda: current_snapshot(self.store, None, self.generation))
+
+    def entity_names(self) -> EntityNames:
+        return self._once("names", lambda: EntityNames(self.store, self.generation))
+
+    def memory_units(self) -> tuple[dict[int, dict[str, Any]], UnitTimes]:
+        """Conversation memory units: each unit's hit fields and its time span (units without a
+        time have none)."""
+        return self._once("units", lambda: memory_units(self.store))
+
+    def fact_times(self) -> dict[int, FactTime]:
+        """Validity of facts stated in conversations."""
+        def build() -> dict[int, FactTime]:
+            starts = {pid: span[0] for pid, span in self.memory_units()[1].items()}
+            return fact_times(self.store, starts)
+        return self._once("fact_times", build)
+
+    def bm25(self, k1: float, b: float):
+        """The BM25 index for ``(k1, b)``, loaded from the cache folder or built and saved."""
+        return self._once(("bm25", k1, b), lambda: self._build_bm25(k1, b))
+
+    def _build_bm25(self, k1: float, b: float):
+        from hipgraph.query.bm25 import BM25Config, BM25Index  # noqa: PLC0415 - optional mode
+
+        cfg = BM25Config(k1=k1, b=b)
+        root = self.store.root / "cache" / "bm25"
+        folder = root / f"g{self.generation}-k{cfg.k1:g}-b{cfg.b:g}"
+        if folder.exists():
+            try:
+                return BM25Index.load(folder, cfg)
+            except Exception as exc:  # noqa: BLE001 - a broken cache is rebuilt, never fatal
+                logger.info("bm25 cache %s unusable (%s); rebuilding", folder, exc)
+        ids, texts = reads.passage_texts_for_bm25(self.store)
+        index = BM25Index.build(ids, texts, cfg)
+        try:
+            if root.exists():
+                for old in root.iterdir():
+                    if not old.name.startswith(f"g{self.generation}-"):
+                        shutil.rmtree(old, ignore_errors=True)
+            index.save(folder)
+        except OSError as exc:
+            logger.warning("cannot write bm25 cache %s (%s); keeping it in memory", folder, exc)
+        return index
+
+    # ------------------------------------------------------------------ rows
+    def passage_rows(self, passage_ids: Iterable[int]) -> dict[int, tuple[str, str, str]]:
+        """``passage id -> (document key, title, text)``."""
+        return reads.passage_rows(self.store, passage_ids)
+
+    def passage_texts(self, passage_ids: list[int]) -> list[tuple[str, str]]:
+        """``(title, text)`` of each passage id still stored, in the order given."""
+        rows = self.passage_rows(passage_ids)
+        return [rows[i][1:] for i in passage_ids if i in rows]
+
+    def facts_of(self, fact_ids: Iterable[int]) -> dict[int, dict[str, str]]:
+        """``fact id -> {subject, relation, object}`` by entity name."""
+        fact_ids = list(fact_ids)
+        if not fact_ids:
+            return {}
+        names = self.entity_names().by_id
+        return {i: {"subject": names.get(s, ""), "relation": r, "object": names.get(o, "")}
+                for i, (s, r, o) in reads.fact_triples(self.store, fact_ids).items()}
+
+    def search(self, kind: str, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` FAISS search of ``kind`` (passage | entity | fact)."""
+        return self.vectors.search(kind, queries, k)
+
+
+def memory_units(store: GraphStore) -> tuple[dict[int, dict[str, Any]], UnitTimes]:
+    """Hit fields and time span of every conversation memory unit (see :meth:`ReadView.memory_units`)."""
+    records: dict[int, dict[str, Any]] = {}
+    times: UnitTimes = {}
+    for pid, start, end, meta in reads.unit_rows(store, SESSION_KIND):
+        rec = records[pid] = unit_record(meta, start, end)
+        if rec["time"]:
+            times[pid] = (datetime.fromisoformat(rec["time"]), datetime.fromisoformat(rec["time_end"]))
+    return records, times
+
+
+class Views:
+    """The current :class:`ReadView` of one store, swapped when the generation moves on."""
+
+    def __init__(self, store: GraphStore, vectors: VectorSet):
+        self.store = store
+        self.vectors = vectors
+        self._view: ReadView | None = None
+        self._lock = threading.Lock()
+
+    def current(self) -> ReadView:
+        """The view of the store's generation now (call with ``store.lock`` held shared)."""
+        generation = self.store.generation
+        view = self._view
+        if view is not None and view.generation == generation:
+            return view
+        with self._lock:
+            if self._view is None or self._view.generation != generation:
+                self._view = ReadView(self.store, self.vectors, generation)
+            return self._view

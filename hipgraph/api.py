@@ -19,6 +19,7 @@ from hipgraph.config import (
 )
 from hipgraph.errors import ConfigError, StoreError
 from hipgraph.indexers.extract_base import Extractor
+from hipgraph.indexers.learned_facts import LearnedFact, PersistReport, persist_facts
 from hipgraph.indexers.pipeline import Indexer, Progress, release_freed_memory
 from hipgraph.models.base import Embedder
 from hipgraph.models.chat import ChatClient
@@ -205,7 +206,7 @@ class HipGraph:
     def delete_conversation(self, conversation_id: str, session_ids: Sequence[str] | None = None) -> IndexReport:
         """Forget a conversation, or only its sessions ``session_ids``: what only they produced
         (units, facts, entities, edges, vectors) goes; facts other sessions also state stay."""
-        from hipgraph.indexers.conversations import session_key  # noqa: PLC0415
+        from hipgraph.text.memory_units import session_key  # noqa: PLC0415
 
         if session_ids is not None:
             if isinstance(session_ids, str):
@@ -250,9 +251,9 @@ class HipGraph:
         when given, with their passages and - for facts stated in conversations - ``valid_at``,
         ``invalid_at`` and ``invalidated_by``. ``as_of`` leaves out facts stated later;
         ``current_only`` keeps those that still held then (or now). Ordered by time, then id."""
-        from hipgraph.indexers.normalize import normalize_entity  # noqa: PLC0415
         from hipgraph.query.validity import FactTime  # noqa: PLC0415
         from hipgraph.temporal import parse_time  # noqa: PLC0415
+        from hipgraph.text.normalize import normalize_entity  # noqa: PLC0415
 
         when = parse_time(as_of, where="as_of") if as_of is not None else None
         sql = """SELECT f.id, f.subject_id, s.name, f.relation, f.object_id, o.name,
@@ -280,8 +281,15 @@ class HipGraph:
         if self._retriever is None:
             self._retriever = Retriever(self.store, self.vectors, lambda: self.embedder,
                                         self.config.extractor.spacy_model, self.retrieval,
-                                        chat_client=self.chat_client)
+                                        chat_client=self.chat_client,
+                                        fact_writer=self._write_learned_facts)
         return self._retriever
+
+    def _write_learned_facts(self, facts: list[tuple[str, str, str, tuple[int, ...]]],
+                             extractor: str) -> PersistReport:
+        """Store facts learned at query time (``expand(persist=True)``) through the write side."""
+        return persist_facts(self.store, self.vectors, self.embedder,
+                             [LearnedFact(*f) for f in facts], extractor=extractor)
 
     def retrieve(self, question: str, k: int = 5, mode: str = "graph",
                  config: RetrievalConfig | None = None, question_date: Any = None,

@@ -22,7 +22,6 @@ import numpy as np
 
 from hipgraph.config import ChatConfig, GraphRetrievalConfig, RetrievalConfig
 from hipgraph.errors import ConfigError
-from hipgraph.indexers.conversations import SESSION_KIND, unit_record
 from hipgraph.models.base import Embedder
 from hipgraph.models.chat import ChatClient
 from hipgraph.query.dense import dense_rankings
@@ -43,6 +42,7 @@ from hipgraph.query.validity import FactTime, fact_times, fact_weights
 from hipgraph.store.database import GraphStore, id_list
 from hipgraph.store.vector_set import VectorSet
 from hipgraph.temporal import TimeRange, event_relative, parse_time, resolve_range
+from hipgraph.text.memory_units import SESSION_KIND, unit_record
 from hipgraph.types import Hit
 
 if TYPE_CHECKING:
@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MODES = ("graph", "dense", "bm25", "hybrid", "decompose", "expand")
+# writes facts learned at query time: ``(facts, extractor)`` -> a report with ``written``,
+# ``fact_ids`` and ``entity_ids``; each fact is ``(subject, relation, object, passage_ids)``
+FactWriter = Callable[[list[tuple[str, str, str, tuple[int, ...]]], str], Any]
 
 
 def validate_request(questions: Sequence[str], k: int, mode: str) -> None:
@@ -116,8 +119,10 @@ class Retriever:
 
     def __init__(self, store: GraphStore, vectors: VectorSet, embedder: Callable[[], Embedder],
                  spacy_model: str, config: RetrievalConfig,
-                 chat_client: Callable[[ChatConfig], ChatClient] = ChatClient):
+                 chat_client: Callable[[ChatConfig], ChatClient] = ChatClient,
+                 fact_writer: FactWriter | None = None):
         self.store = store
+        self.fact_writer = fact_writer  # the owner's write path, for expand's persist=True
         self._chat_client = chat_client  # shared with the generator by the owning HipGraph
         self.vectors = vectors
         self._embedder = embedder

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from hipgraph.indexers.extract_spacy import load_pipeline
-from hipgraph.indexers.normalize import clean_surface, normalize_entity
 from hipgraph.store.database import GraphStore
+from hipgraph.text.normalize import clean_surface, normalize_entity
+from hipgraph.text.spacy_pipeline import load_pipeline
 
 logger = logging.getLogger(__name__)
 

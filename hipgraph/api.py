@@ -214,7 +214,7 @@ class HipGraph:
     def delete_conversation(self, conversation_id: str, session_ids: Sequence[str] | None = None) -> IndexReport:
         """Forget a conversation, or only its sessions ``session_ids``: what only they produced
         (units, facts, entities, edges, vectors) goes; facts other sessions also state stay."""
-        from hipgraph.indexers.conversations import session_key  # noqa: PLC0415
+        from hipgraph.text.memory_units import session_key  # noqa: PLC0415
 
         if session_ids is not None:
             if isinstance(session_ids, str):
@@ -269,10 +269,10 @@ class HipGraph:
         when given, with their passages and - for facts stated in conversations - ``valid_at``,
         ``invalid_at`` and ``invalidated_by``. ``as_of`` leaves out facts stated later;
         ``current_only`` keeps those that still held then (or now). Ordered by time, then id."""
-        from hipgraph.indexers.normalize import normalize_entity  # noqa: PLC0415
         from hipgraph.query.validity import FactTime  # noqa: PLC0415
         from hipgraph.store.reads import triple_facts  # noqa: PLC0415
         from hipgraph.temporal import parse_time  # noqa: PLC0415
+        from hipgraph.text.normalize import normalize_entity  # noqa: PLC0415
 
         when = parse_time(as_of, where="as_of") if as_of is not None else None
         with self.retriever.reading() as view:

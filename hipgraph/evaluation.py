@@ -20,7 +20,7 @@ from typing import Any
 
 from hipgraph.config import RetrievalConfig
 from hipgraph.errors import InputError
-from hipgraph.indexers.readers import read_json_file
+from hipgraph.text.json_files import read_json_file
 from hipgraph.types import Hit
 
 _HOPS = re.compile(r"^(\d+)hop")

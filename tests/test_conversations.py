@@ -13,10 +13,11 @@ from conftest import REPO, check_consistency, run_cli
 
 from hipgraph.config import ConversationConfig
 from hipgraph.errors import InputError
-from hipgraph.indexers.conversations import read_conversation_file, session_key, to_conversation
+from hipgraph.indexers.conversations import read_conversation_file, to_conversation
 from hipgraph.indexers.segmentation import depth_scores, gap_similarity, segment
 from hipgraph.memory_eval import evaluate_memory, evidence_recall
 from hipgraph.temporal import parse_time, resolve_range
+from hipgraph.text.memory_units import session_key
 
 LOCOMO = REPO / "data" / "locomo_conv30.json"  # one LoCoMo conversation, kept in the repo
 

@@ -6,7 +6,7 @@ import pytest
 
 from hipgraph.config import ExtractorConfig
 from hipgraph.indexers.extract_spacy import COOCCURS, SpacyExtractor
-from hipgraph.indexers.normalize import normalize_entity
+from hipgraph.text.normalize import normalize_entity
 from hipgraph.types import Chunk
 
 

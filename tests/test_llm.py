@@ -14,10 +14,11 @@ import pytest
 from hipgraph.config import ChatConfig, EmbedderConfig, ExtractorConfig
 from hipgraph.errors import ConfigError, EmbeddingError, ExtractionError, LLMError
 from hipgraph.indexers.extract_base import MemoryResponseCache
-from hipgraph.indexers.extract_llm import LLMExtractor, parse_json_reply, parse_triples
+from hipgraph.indexers.extract_llm import LLMExtractor, parse_triples
 from hipgraph.models.chat import ChatClient, ChatResult, backoff_delay
 from hipgraph.models.openai_embedder import OpenAIEmbedder
 from hipgraph.prompts import load_prompt
+from hipgraph.text.json_reply import parse_json_reply
 from hipgraph.types import Chunk, Extraction, Triple
 
 try:

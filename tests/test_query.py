@@ -13,9 +13,9 @@ from conftest import MULTIHOP_QUESTION, copy_index, run_cli
 import hipgraph
 from hipgraph.config import GraphRetrievalConfig, RetrievalConfig
 from hipgraph.errors import ConfigError, IndexNotFoundError
-from hipgraph.indexers.normalize import normalize_entity
 from hipgraph.query.graph import Seeds, passage_scores, reset_matrix, strongest_path
 from hipgraph.query.snapshot import build_snapshot, cache_dir
+from hipgraph.text.normalize import normalize_entity
 
 MULTIHOP = MULTIHOP_QUESTION
 

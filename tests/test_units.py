@@ -11,7 +11,7 @@ from hipgraph.config import ChunkConfig, EmbedderConfig, ExtractorConfig, IndexC
 from hipgraph.errors import BackendUnavailableError, ConfigError, InputError
 from hipgraph.indexers.chunking import chunk_document
 from hipgraph.indexers.extract_precomputed import PrecomputedExtractor, load_extractions
-from hipgraph.indexers.normalize import normalize_entity, normalize_relation
+from hipgraph.text.normalize import normalize_entity, normalize_relation
 from hipgraph.types import Chunk, Document
 
 

@@ -16,8 +16,8 @@ from hipgraph.config import GeneratorConfig
 from hipgraph.errors import GenerationError
 from hipgraph.generation.base import Generation, Generator
 from hipgraph.generation.context import Context, build_context, estimate_tokens
-from hipgraph.indexers.extract_llm import parse_json_reply
 from hipgraph.prompts import load_prompt
+from hipgraph.text.json_reply import parse_json_reply
 from hipgraph.types import Answer, Hit
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from hipgraph.config import ChunkConfig
-from hipgraph.indexers.conversations import SESSION_KIND
+from hipgraph.text.memory_units import SESSION_KIND
 from hipgraph.types import Chunk, Document
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")

@@ -23,19 +23,17 @@ import pyarrow as pa
 from hipgraph.config import IndexConfig
 from hipgraph.errors import InputError
 from hipgraph.indexers.chunking import chunk_document
-from hipgraph.indexers.conversations import SESSION_KIND, compress_key, resolve_speakers
+from hipgraph.indexers.conversations import compress_key, resolve_speakers
 from hipgraph.indexers.extract_base import Extractor
 from hipgraph.indexers.extract_spacy import COOCCURS
-from hipgraph.indexers.normalize import clean_surface, normalize_entity, normalize_relation
 from hipgraph.models.base import Embedder
+from hipgraph.text.facts import fact_text
+from hipgraph.text.memory_units import SESSION_KIND
+from hipgraph.text.normalize import clean_surface, normalize_entity, normalize_relation
 from hipgraph.types import Chunk, Document, Extraction
 
 Mention = tuple[int, str, str, str | None]  # chunk, entity name, surface form, label
 FactRow = tuple[int, str, str, str, str]  # chunk, subject, relation, object, kind
-
-
-def fact_text(subject: str, relation: str, obj: str) -> str:
-    return f"{subject} {relation} {obj}"
 
 
 def passage_embedding_text(chunk: Chunk, prepend_title: bool) -> str:

@@ -30,17 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from hipgraph.errors import InputError
-from hipgraph.indexers.readers import read_json_file
 from hipgraph.temporal import parse_time
+from hipgraph.text.json_files import read_json_file
+from hipgraph.text.memory_units import SESSION_KIND, session_key
 from hipgraph.types import Conversation, Document, Session, Turn
 
-SESSION_KIND = "conversation_session"
 FORMATS = ("conversation", "locomo", "longmemeval")
 _LOCOMO_CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
-
-
-def session_key(conversation_id: str, session_id: str) -> str:
-    return f"{conversation_id}#{session_id}"
 
 
 # ------------------------------------------------------------------ validation
@@ -320,18 +316,6 @@ def compress_key(text: str) -> str:
         if len(words) >= 2:
             kept.append(line)
     return "\n".join(kept) if kept else text
-
-
-def unit_record(metadata: Mapping[str, Any], start: int, end: int) -> dict[str, Any]:
-    """The ``Hit`` fields of the unit spanning characters ``[start, end)`` of a session document:
-    its turn ids and speakers, conversation, session, and ISO start/end time (its turns' own
-    times, else the session's)."""
-    session_time = metadata.get("time") or ""
-    turns = [t for t in metadata.get("turns", []) if t[2] < end and t[3] > start]
-    times = [t[4] or session_time for t in turns if t[4] or session_time]
-    return {"turn_ids": tuple(t[0] for t in turns), "speakers": tuple(dict.fromkeys(t[1] for t in turns)),
-            "conversation": metadata.get("conversation", ""), "session": metadata.get("session", ""),
-            "time": min(times) if times else session_time, "time_end": max(times) if times else session_time}
 
 
 def conversation_documents(conversations: Sequence[Conversation], embedder, cfg, llm=None,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hipgraph.config import ExtractorConfig
 from hipgraph.errors import InputError
-from hipgraph.indexers.readers import read_json_file
+from hipgraph.text.json_files import read_json_file
 from hipgraph.types import Chunk, Extraction, Triple
 
 logger = logging.getLogger(__name__)

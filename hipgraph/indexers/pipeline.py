@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from hipgraph.config import IndexConfig
-from hipgraph.indexers.compute import BatchWork, fact_text
+from hipgraph.indexers.compute import BatchWork
 from hipgraph.indexers.documents import SkippedRecord, content_hash, text_hash, to_document
 from hipgraph.indexers.executors import Executor, ThreadExecutor
 from hipgraph.indexers.extract_base import Extractor
@@ -38,6 +38,7 @@ from hipgraph.indexers.graph_update import (
 from hipgraph.models.base import Embedder
 from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
+from hipgraph.text.facts import fact_text
 from hipgraph.types import Chunk, Document, IndexReport
 
 logger = logging.getLogger(__name__)

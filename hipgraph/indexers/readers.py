@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hipgraph.errors import InputError
+from hipgraph.text.json_files import read_json_file, read_utf8
 
 TEXT_SUFFIXES = (".txt", ".md")
 
@@ -45,32 +46,6 @@ def read_inputs(paths: list[str | Path], fields: FieldMap | None = None) -> Iter
         else:
             raise InputError("unsupported file type (use .json, .jsonl, .txt, .md or a folder)",
                              source=str(path))
-
-
-def _decode(path: Path) -> str:
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise InputError(
-            f"undecodable bytes (not UTF-8) at byte {exc.start}: {data[exc.start:exc.start + 4]!r}",
-            source=str(path), line=line) from exc
-
-
-def read_json_file(path: str | Path) -> Any:
-    """Parse a UTF-8 JSON file; errors name the file (and line) for missing, undecodable or
-    malformed input."""
-    path = Path(path)
-    try:
-        text = _decode(path)
-    except (FileNotFoundError, IsADirectoryError) as exc:
-        raise InputError("file not found", source=str(path)) from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"malformed JSON: {exc.msg} (column {exc.colno})", source=str(path),
-                         line=exc.lineno) from exc
 
 
 def _record(obj: Any, fields: FieldMap, where: str, *, bundle: bool = False) -> dict[str, Any]:
@@ -109,7 +84,7 @@ def _read_json(path: Path, fields: FieldMap) -> Iterator[dict[str, Any]]:
 
 
 def _read_jsonl(path: Path, fields: FieldMap) -> Iterator[dict[str, Any]]:
-    text = _decode(path)
+    text = read_utf8(path)
     records = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -130,7 +105,7 @@ def _read_folder(root: Path) -> Iterator[dict[str, Any]]:
 
 
 def _text_file(path: Path, root: Path) -> dict[str, Any]:
-    text = _decode(path)
+    text = read_utf8(path)
     rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
     title = path.stem.replace("_", " ")
     if path.suffix.lower() == ".md":

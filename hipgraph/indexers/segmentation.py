@@ -87,7 +87,7 @@ def _split_long(lo: int, hi: int, depth: np.ndarray, cfg: ConversationConfig) ->
 def parse_boundaries(reply: str, n: int) -> list[int]:
     """Turn positions (0-based) that start a segment, from a ``{"boundaries": [...]}`` reply with
     1-based turn numbers; ``ValueError`` naming the fault."""
-    from hipgraph.indexers.extract_llm import parse_json_reply  # noqa: PLC0415
+    from hipgraph.text.json_reply import parse_json_reply  # noqa: PLC0415
 
     data = parse_json_reply(reply)
     if not isinstance(data, dict) or not isinstance(data.get("boundaries"), list):

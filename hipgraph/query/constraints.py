@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from hipgraph.config import DecomposeConfig, RetrievalConfig
-from hipgraph.indexers.normalize import normalize_entity
 from hipgraph.query.decompose import Decomposition, Step
 from hipgraph.query.graph_search import GraphSearch
 from hipgraph.query.hits import Ranked
+from hipgraph.text.normalize import normalize_entity
 from hipgraph.types import Hit
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hipgraph.errors import ExtractionError
-from hipgraph.indexers.extract_spacy import load_pipeline
+from hipgraph.text.spacy_pipeline import load_pipeline
 
 logger = logging.getLogger(__name__)
 

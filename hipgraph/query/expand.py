@@ -31,15 +31,14 @@ import pyarrow as pa
 
 from hipgraph.config import ExpandConfig, RetrievalConfig
 from hipgraph.errors import LLMError, StoreError
-from hipgraph.indexers.compute import fact_text
-from hipgraph.indexers.extract_llm import parse_json_reply
-from hipgraph.indexers.learned_facts import LearnedFact, persist_facts
-from hipgraph.indexers.normalize import clean_surface, normalize_entity, normalize_relation
 from hipgraph.models.chat import ChatClient
 from hipgraph.prompts import load_prompt
 from hipgraph.query.dense import dense_rankings
 from hipgraph.query.graph import top_passages
 from hipgraph.query.hits import Ranked, passage_rows
+from hipgraph.text.facts import fact_text
+from hipgraph.text.json_reply import parse_json_reply
+from hipgraph.text.normalize import clean_surface, normalize_entity, normalize_relation
 from hipgraph.types import Hit
 
 logger = logging.getLogger(__name__)
@@ -225,6 +224,8 @@ class Expander:
         r = self.retriever
         if persist and r.store.read_only:
             raise StoreError(f"index {r.store.root} is open read-only; persist=True needs a writable index")
+        if persist and r.fact_writer is None:
+            raise StoreError("this retriever has no fact writer; persist=True needs one")
         ecfg = cfg.expand
         gcfg = replace(cfg, graph=replace(cfg.graph, explain=False))
         run = r.graph_run(questions, gcfg)
@@ -724,9 +725,8 @@ class Expander:
             return
         model = self.client.model if self.client is not None else "none"
         r = self.retriever
-        done = persist_facts(r.store, r.vectors, r._embedder(),
-                             [LearnedFact(f.subject, f.relation, f.object, tuple(f.passage_ids))
-                              for _, f in new.values()], extractor=f"expand:{model}")
+        done = r.fact_writer([(f.subject, f.relation, f.object, tuple(f.passage_ids))
+                              for _, f in new.values()], f"expand:{model}")
         for q, e in enumerate(expansions):
             e.persisted = sum(1 for key, (first, _) in new.items() if first == q and key in done.written)
             e.facts = [replace(f, fact_id=done.fact_ids[f.triple], subject_id=done.entity_ids[f.subject],

@@ -13,10 +13,10 @@ import logging
 from collections.abc import Sequence
 
 from hipgraph.errors import LLMError
-from hipgraph.indexers.extract_llm import parse_json_reply
-from hipgraph.indexers.normalize import normalize_entity, normalize_relation
 from hipgraph.models.chat import ChatClient
 from hipgraph.prompts import load_prompt
+from hipgraph.text.json_reply import parse_json_reply
+from hipgraph.text.normalize import normalize_entity, normalize_relation
 
 logger = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from hipgraph.indexers.extract_spacy import load_pipeline
-from hipgraph.indexers.normalize import clean_surface, normalize_entity
 from hipgraph.store import reads
 from hipgraph.store.database import GraphStore
+from hipgraph.text.normalize import clean_surface, normalize_entity
+from hipgraph.text.spacy_pipeline import load_pipeline
 
 logger = logging.getLogger(__name__)
 

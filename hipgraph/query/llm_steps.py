@@ -11,10 +11,10 @@ import logging
 from collections.abc import Sequence
 
 from hipgraph.errors import ExtractionError, LLMError
-from hipgraph.indexers.extract_llm import parse_json_reply
 from hipgraph.models.chat import ChatClient
 from hipgraph.prompts import load_prompt
 from hipgraph.query.decompose import SLOT, Decomposition, RuleDecomposer, Step, validate_steps
+from hipgraph.text.json_reply import parse_json_reply
 
 logger = logging.getLogger(__name__)
 

@@ -19,13 +19,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from hipgraph.indexers.conversations import SESSION_KIND, unit_record
 from hipgraph.query.linking import EntityNames
 from hipgraph.query.snapshot import GraphSnapshot, current_snapshot
 from hipgraph.query.validity import FactTime, fact_times
 from hipgraph.store import reads
 from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
+from hipgraph.text.memory_units import SESSION_KIND, unit_record
 
 logger = logging.getLogger(__name__)
 

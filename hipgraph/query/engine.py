@@ -250,7 +250,7 @@ class Retriever:
         if mode == "decompose":
             return [r.ranking for r in self._decompose(questions, depth, cfg)]
         if mode == "expand":
-            return [e.ranking for e in self._expand(questions, depth, cfg, persist=False)]
+            return [e.ranking for e in self._expand(questions, depth, cfg)]
         if mode == "bm25":
             return self._rank_bm25(questions, depth, cfg)
         if mode == "hybrid":
@@ -272,13 +272,13 @@ class Retriever:
                 r.hits = hits
         return results
 
-    def expand_many(self, questions: Sequence[str], k: int, config: RetrievalConfig | None = None,
-                    persist: bool = False) -> list[Expansion]:
+    def expand_many(self, questions: Sequence[str], k: int,
+                    config: RetrievalConfig | None = None) -> list[Expansion]:
         """Dynamic KG expansion: per question the verified subgraph and the passages supporting it
-        (``hits``, top ``k``); ``persist`` writes verified new facts into the index."""
+        (``hits``, top ``k``); verified new facts are in ``new_facts`` (nothing is written)."""
         validate_request(questions, k, "expand")
         with _blas_threads(1):
-            results = self._expand(list(questions), k, config or self.config, persist=persist)
+            results = self._expand(list(questions), k, config or self.config)
             for r, hits in zip(results, self.hits([r.ranking for r in results], k), strict=True):
                 r.hits = hits
         return results
@@ -288,11 +288,12 @@ class Retriever:
 
         return ConstraintRunner(self, self._decomposer(cfg), self._reader(cfg)).run(questions, depth, cfg)
 
-    def _expand(self, questions: list[str], depth: int, cfg: RetrievalConfig, persist: bool) -> list[Expansion]:
+    def _expand(self, questions: list[str], depth: int, cfg: RetrievalConfig) -> list[Expansion]:
         from hipgraph.query.expand import Expander  # noqa: PLC0415
 
         client = self._chat_client(cfg.llm) if cfg.llm is not None else None
-        return Expander(self, client).run(questions, depth, cfg, persist=persist)
+        expander = Expander(self, self._embedder(), self.vectors, self.store, client)
+        return expander.run(questions, depth, cfg)
 
     def _decomposer(self, cfg: RetrievalConfig):
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hipgraph import registry
 from hipgraph.config import (
@@ -27,7 +28,19 @@ from hipgraph.query.engine import MODES, Retriever
 from hipgraph.store.database import GraphStore
 from hipgraph.store.llm_cache import DuckDBResponseCache
 from hipgraph.store.vector_set import VectorSet
-from hipgraph.types import Answer, Conversation, Document, Fact, Hit, IndexReport, Stats
+from hipgraph.types import (
+    Answer,
+    Conversation,
+    Document,
+    Fact,
+    Hit,
+    IndexReport,
+    LearnedFact,
+    Stats,
+)
+
+if TYPE_CHECKING:
+    from hipgraph.query.expand import Expansion
 
 logger = logging.getLogger(__name__)
 
@@ -343,7 +356,29 @@ class HipGraph:
             raise ConfigError(f"question must be a string, got {type(question).__name__}")
         if persist and self.store.read_only:
             raise StoreError(f"{self.path}: opened read-only; persist=True needs a writable index")
-        return self.retriever.expand_many([question], k, config, persist=persist)[0]
+        expansions = self.retriever.expand_many([question], k, config)  # reads only
+        if persist:  # the retrieval has returned: now the write side stores what it learned
+            self._persist_expansions(expansions, config or self.retrieval)
+        return expansions[0]
+
+    def _persist_expansions(self, expansions: list[Expansion], config: RetrievalConfig) -> None:
+        """Write the expansions' verified new facts through the indexer (a fact proposed by
+        several questions counts for the first); each expansion records how many of the facts it
+        proposed first were written, and its facts get the ids they were stored under."""
+        first: dict[tuple[str, str, str], tuple[int, LearnedFact]] = {}
+        for q, e in enumerate(expansions):
+            for f in e.new_facts:
+                first.setdefault(f.key, (q, f))
+        if not first:
+            return
+        model = config.llm.model if config.llm is not None else "none"
+        done = self.indexer.persist_learned_facts([f for _, f in first.values()],
+                                                  extractor=f"expand:{model}")
+        for q, e in enumerate(expansions):
+            e.persisted = sum(1 for key, (by, _) in first.items() if by == q and key in done.written)
+            e.facts = [replace(f, fact_id=done.fact_ids[f.triple], subject_id=done.entity_ids[f.subject],
+                               object_id=done.entity_ids[f.object])
+                       if f.triple in done.fact_ids else f for f in e.facts]
 
     # ------------------------------------------------------------------ answering
     def answer(self, question: str, k: int = 5, mode: str = "graph",

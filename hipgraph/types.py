@@ -103,6 +103,21 @@ class Fact:
                 "invalidated_by": self.invalidated_by}
 
 
+@dataclass(frozen=True)
+class LearnedFact:
+    """A fact learned at query time, to store: normalised entity names, relation, supporting
+    passage ids (dynamic KG expansion hands these to the indexer)."""
+
+    subject: str
+    relation: str
+    object: str
+    passage_ids: tuple[int, ...]
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.subject, self.relation, self.object
+
+
 @dataclass
 class IndexReport:
     """What one ``add_documents`` / ``delete_documents`` call did."""

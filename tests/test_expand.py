@@ -11,7 +11,8 @@ from conftest import MULTIHOP_QUESTION, check_consistency, copy_index
 import hipgraph
 from hipgraph.config import ChatConfig, ExpandConfig, RetrievalConfig
 from hipgraph.errors import ConfigError, StoreError
-from hipgraph.query.expand import Expansion, SubgraphFact, parse_facts, parse_verdict
+from hipgraph.query.expand import Expander, Expansion, SubgraphFact, parse_facts, parse_verdict
+from hipgraph.types import LearnedFact
 
 try:
     from tests.openai_server import ScriptedOpenAIServer
@@ -24,9 +25,10 @@ UNGROUNDED = ["Journal of Psychotherapy Integration", "is edited by", "Niels Boh
 NOT_ENTAILED = ["American Psychological Association", "was founded by", "G. Stanley Hall"]
 
 
-def _llm_server(proposals=(SUPPORTED, UNGROUNDED, NOT_ENTAILED)):
+def _llm_server(proposals=(SUPPORTED, UNGROUNDED, NOT_ENTAILED), on_propose=None):
     """A scripted model: keeps every candidate in graph mode's fact filter, proposes
-    ``proposals`` and judges only the "first president" fact entailed."""
+    ``proposals`` and judges only the "first president" fact entailed; ``on_propose()`` runs
+    (in the server's thread) before each proposal reply."""
 
     def handler(body):
         user = body["messages"][-1]["content"]
@@ -34,6 +36,8 @@ def _llm_server(proposals=(SUPPORTED, UNGROUNDED, NOT_ENTAILED)):
             facts = json.loads(user.split("Candidate facts: ", 1)[1].rsplit("\nOutput:", 1)[0])
             return json.dumps(facts)
         if "Known facts: " in user:
+            if on_propose is not None:
+                on_propose()
             return json.dumps({"facts": [list(p) for p in proposals]})
         if user.startswith("Fact: "):
             fact = json.loads(user.split("\n", 1)[0][len("Fact: "):])
@@ -126,6 +130,8 @@ def test_llm_proposals_are_checked_against_passages(inline_index):
     verified = [json.loads(p.split("\n", 1)[0][len("Fact: "):]) for p in prompts if p.startswith("Fact: ")]
     assert sorted(v[1] for v in verified) == ["had first president", "was founded by"]
     assert exp.trace[0]["proposed"] and exp.persisted == 0
+    # what persist=True would hand to the indexer: the verified new fact with its passages
+    assert exp.new_facts == [LearnedFact(*fact.triple, fact.passage_ids)]
     assert not hg.store.con.execute("SELECT * FROM facts WHERE relation = 'had first president'").fetchall()
     assert {"jpi", "apa"} <= {h.doc_id for h in exp.hits}
     assert any(fact.triple == tuple(s) for h in exp.hits for s in h.why["supports"])
@@ -169,6 +175,8 @@ def test_persist_writes_the_verified_new_fact(inline_index, inline_template, tmp
         # proposing it again finds it stored: nothing more is written
         again = hg.expand(MULTIHOP, k=3, config=_llm_config(srv), persist=True)
         assert again.persisted == 0 and hg.stats()["facts"] == facts_before + 1
+        assert again.new_facts == []  # the proposal resolved to the stored fact
+        assert [f.fact_id for f in again.facts if f.source == "llm"] == [fid]
     # a later retrieval sees the new fact: as a graph seed fact and in an offline expansion
     hits = hg.retrieve("Who was the first president of the American Psychological Association?", k=3)
     assert any(s["fact_id"] == fid for s in hits[0].why["seed_facts"])
@@ -262,3 +270,30 @@ def test_llm_names_the_relations_the_question_asks_about(inline_index):
     bridge = ("journal of psychotherapy integration", "published by", "american psychological association")
     with_rel = {f.triple: f.relevance for f in exp.facts}
     assert with_rel[bridge] >= offline[bridge]
+
+
+def test_one_expander_serves_a_second_run_while_the_first_waits(inline_index):
+    """Per-run state lives in the run, not on the Expander: a second run on the same instance,
+    made from another thread (the model server's) while the first waits for the model's proposals,
+    changes neither result."""
+    hg = inline_index
+    other = "Where was the psychologist Carl Rogers born?"
+    offline = RetrievalConfig(expand=ExpandConfig(llm_propose=False, llm_verify=False))  # no model calls
+    nested: list[Expansion] = []
+    pending = [False]
+
+    def second_run():
+        if pending[0]:
+            pending[0] = False
+            nested.append(expander.run([other], 5, offline)[0])
+
+    with _llm_server(on_propose=second_run) as srv:
+        cfg = _llm_config(srv)
+        expander = Expander(hg.retriever, hg.embedder, hg.vectors, hg.store, hg.chat_client(cfg.llm))
+        alone, other_alone = expander.run([MULTIHOP], 5, cfg)[0], expander.run([other], 5, offline)[0]
+        pending[0] = True
+        interleaved = expander.run([MULTIHOP], 5, cfg)[0]
+    assert len(nested) == 1 and not pending[0]
+    assert any(f.source == "llm" for f in alone.facts) and len(alone.trace) == 2
+    assert interleaved.to_dict() == alone.to_dict() and interleaved.ranking == alone.ranking
+    assert nested[0].to_dict() == other_alone.to_dict() and nested[0].ranking == other_alone.ranking

@@ -25,24 +25,11 @@ from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
 from hipgraph.text.facts import fact_text
 from hipgraph.text.normalize import clean_surface
+from hipgraph.types import LearnedFact
 
 logger = logging.getLogger(__name__)
 
 Key = tuple[str, str, str]
-
-
-@dataclass(frozen=True)
-class LearnedFact:
-    """A fact to store: normalised entity names, relation, supporting passage ids."""
-
-    subject: str
-    relation: str
-    object: str
-    passage_ids: tuple[int, ...]
-
-    @property
-    def key(self) -> Key:
-        return self.subject, self.relation, self.object
 
 
 @dataclass

@@ -35,11 +35,12 @@ from hipgraph.indexers.graph_update import (
     refresh_surface_forms,
     update_synonyms,
 )
+from hipgraph.indexers.learned_facts import PersistReport, persist_facts
 from hipgraph.models.base import Embedder
 from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
 from hipgraph.text.facts import fact_text
-from hipgraph.types import Chunk, Document, IndexReport
+from hipgraph.types import Chunk, Document, IndexReport, LearnedFact
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +204,14 @@ class Indexer:
         report.seconds["graph"] = t1 - t0
         self.vectors.save()
         report.seconds["write"] = time.perf_counter() - t1  # commit, FAISS update and save
+        return report
+
+    def persist_learned_facts(self, facts: Sequence[LearnedFact], extractor: str) -> PersistReport:
+        """Store facts learned at query time (see :mod:`hipgraph.indexers.learned_facts`) in one
+        transaction, their provenance naming ``extractor``; returns the ids they got."""
+        with self.store.writing():
+            report = persist_facts(self.store, self.vectors, self.embedder, facts, extractor=extractor)
+            self.vectors.save()
         return report
 
     # ------------------------------------------------------------------ one batch

@@ -292,7 +292,8 @@ class Retriever:
         from hipgraph.query.expand import Expander  # noqa: PLC0415
 
         client = self._chat_client(q.cfg.llm) if q.cfg.llm is not None else None
-        return Expander(q.graph, client).run(questions, depth, q.cfg)
+        return Expander(q.graph, q.graph.embedder, q.view.vectors, q.view.store, client).run(
+            questions, depth, q.cfg)
 
     def _decomposer(self, cfg: RetrievalConfig):
         name = cfg.decompose.decomposer

@@ -74,3 +74,38 @@ def test_relative_imports_resolve_to_absolute_names(tmp_path):
         (5, "hipgraph.query.hits"), (5, "hipgraph.query.hits.y")]
     assert _imported_modules(pkg / "__init__.py", root) == [
         (1, "hipgraph.query"), (1, "hipgraph.query.engine")]
+
+
+def _attribute_uses(targets: list[str], names: set[str], exclude: tuple[str, ...] = ()) -> list[str]:
+    """``module (line) uses .name`` for every attribute access ``x.name`` in the targets."""
+    found = []
+    for target in targets:
+        path = PACKAGE / target
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            rel = file.relative_to(PACKAGE).as_posix()
+            if any(rel.startswith(e) for e in exclude):
+                continue
+            for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Attribute) and node.attr in names:
+                    found.append(f"{_module_name(file)} (line {node.lineno}) uses .{node.attr}")
+    return found
+
+
+def test_only_the_store_and_the_indexers_touch_the_database_connection():
+    raw = {"con", "execute", "executemany", "sql", "cursor", "_root_con"}
+    assert _attribute_uses(["."], raw, exclude=("store/", "indexers/")) == []
+
+
+def test_the_read_side_never_writes():
+    """No store or index write calls in the read side (it writes derived caches only: the graph
+    snapshot and BM25 files under cache/)."""
+    writes = {"transaction", "writing", "on_commit", "meta_set", "insert", "write_vectors",
+              "bump_generation", "allocate_ids", "apply", "delete_documents", "add_documents",
+              "persist_learned_facts"}
+    assert _attribute_uses(READ_SIDE, writes) == []
+
+
+def test_no_module_is_longer_than_600_lines():
+    long = {f.relative_to(PACKAGE).as_posix(): n for f in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(f.read_text(encoding="utf-8").splitlines())) > 600}
+    assert long == {}

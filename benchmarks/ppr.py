@@ -16,6 +16,11 @@ igraph's, plus the memory-bandwidth floor of the exact kernel.  It never asserts
     python benchmarks/ppr.py                        # synthetic, MuSiQue size
     python benchmarks/ppr.py --db /tmp/idx/musique  # a real index
     python benchmarks/ppr.py --nodes 20000 --edges 300000 --json out.json
+    python benchmarks/ppr.py --nodes 20000 --edges 300000 --threads 1 2 4 8  # concurrent calls
+
+``--threads`` only measures the throughput of ``ppr()`` called from that many Python threads
+at once on one prepared graph (parallel kernels take a process-wide launch lock under numba's
+``workqueue`` layer, serial kernels hold the GIL) and skips the comparison.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -209,6 +215,40 @@ def per_query(fn, resets, reps: int = 1):
     return best, out
 
 
+def _call_each(call, ks) -> None:
+    for k in ks:
+        call(k)
+
+
+def thread_throughput(g, resets, thread_counts, batch: int, damping: float, eps: float,
+                      calls: int = 48) -> dict:
+    """Calls per second of ``ppr()`` issued from ``N`` Python threads at once (``calls`` calls
+    per case and thread count, split over the threads), for each of ``thread_counts``."""
+    cases = {
+        "exact b=1": lambda k: ppr(g, resets[k % len(resets)], damping=damping),
+        f"exact b={batch}": lambda k: ppr(g, resets[:batch], damping=damping),
+        f"push b={batch}": lambda k: ppr(g, resets[:batch], damping=damping, method="push",
+                                         eps=eps),
+    }
+    out = {}
+    for name, call in cases.items():
+        call(0)  # warm-up (compiles or loads the kernels)
+        out[name] = {}
+        for nt in thread_counts:
+            share = [range(t, calls, nt) for t in range(nt)]
+            workers = [threading.Thread(target=_call_each, args=(call, ks)) for ks in share]
+            t = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            sec = time.perf_counter() - t
+            out[name][nt] = {"calls_per_s": calls / sec, "ms_per_call": sec / calls * 1e3}
+            print(f"{name:<14} {nt:>2} threads: {calls / sec:8.1f} calls/s "
+                  f"({sec / calls * 1e3:7.2f} ms/call wall); load {os.getloadavg()[0]:.2f}")
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # main
 # --------------------------------------------------------------------------------------------
@@ -231,6 +271,8 @@ def main() -> None:
     ap.add_argument("--no-scipy", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write all figures to this JSON file")
+    ap.add_argument("--threads", type=int, nargs="+",
+                    help="only measure ppr() throughput from this many Python threads at once")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -266,6 +308,13 @@ def main() -> None:
     all_resets = make_resets(rng, n, n_p, max(nq, bsz), args.seeds, args.passages, deg)
     d, tol = args.damping, args.tol
     eps_list = args.eps or [1e-5, 3e-6, 1e-6, 3e-7, 1e-7]
+    if args.threads:
+        sparse = all_resets["sparse"]
+        info["thread_throughput"] = thread_throughput(
+            g, sparse, args.threads, min(bsz, sparse.shape[0]), d, 1e-6)
+        if args.json:
+            args.json.write_text(json.dumps(info, indent=2), encoding="utf-8")
+        return
 
     import igraph
 
@@ -335,10 +384,10 @@ def main() -> None:
 
         # memory-bandwidth floor of the exact single-query kernel (serial): graph arrays plus
         # the vectors it streams per iteration, at the one-thread read bandwidth
-        from hipgraph.query import ppr as ppr_mod
+        from hipgraph.query.ppr.front import _power
 
         r_norm = rq[:1] / rq[:1].sum()
-        _, iters = ppr_mod._power(g, r_norm, d, tol, 100)
+        _, iters = _power(g, r_norm, d, tol, 100)
         if g.symmetric:  # CG: matvec (p, q), update (y, p, res, q -> y, res), p update
             vec = 2 + 6 + 3
             val = g.sym_weight

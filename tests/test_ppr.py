@@ -407,7 +407,7 @@ def test_parallel_single_reset_solver_matches(monkeypatch):
                               capture_output=True, text=True, env=env, timeout=600)
         assert proc.returncode == 0 and re.search(r"\b1 passed", proc.stdout), proc.stdout + proc.stderr
         return
-    from hipgraph.query import ppr as ppr_module
+    from hipgraph.query.ppr import cg as cg_module
 
     rng = np.random.default_rng(23)
     indptr, indices, weights = _random_graph(rng, 400, 1500, undirected=True, weighted=True,
@@ -416,14 +416,14 @@ def test_parallel_single_reset_solver_matches(monkeypatch):
     reset = _resets(rng, 400, 2)
     serial = [ppr(g, r) for r in reset]
     parallel_calls = []
-    solver = ppr_module._cg_1_par
+    solver = cg_module._cg_1_par
 
     def counted(*args):
         parallel_calls.append(args[5].size - 1)  # the row ranges the sweeps are split into
         return solver(*args)
 
-    monkeypatch.setattr(ppr_module, "_cg_1_par", counted)
-    monkeypatch.setattr(ppr_module, "_PAR_EDGES", 0)
+    monkeypatch.setattr(cg_module, "_cg_1_par", counted)
+    monkeypatch.setattr(cg_module, "_PAR_EDGES", 0)
     threads = numba.get_num_threads()
     numba.set_num_threads(2)
     try:

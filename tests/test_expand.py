@@ -287,9 +287,10 @@ def test_one_expander_serves_a_second_run_while_the_first_waits(inline_index):
             pending[0] = False
             nested.append(expander.run([other], 5, offline)[0])
 
-    with _llm_server(on_propose=second_run) as srv:
+    with _llm_server(on_propose=second_run) as srv, hg.retriever.reading() as view:
         cfg = _llm_config(srv)
-        expander = Expander(hg.retriever, hg.embedder, hg.vectors, hg.store, hg.chat_client(cfg.llm))
+        graph = hg.retriever.query(view, cfg).graph
+        expander = Expander(graph, hg.embedder, hg.vectors, hg.store, hg.chat_client(cfg.llm))
         alone, other_alone = expander.run([MULTIHOP], 5, cfg)[0], expander.run([other], 5, offline)[0]
         pending[0] = True
         interleaved = expander.run([MULTIHOP], 5, cfg)[0]

@@ -26,7 +26,7 @@ from hipgraph.models.base import Embedder
 from hipgraph.models.chat import ChatClient
 from hipgraph.query.dense import dense_rankings
 from hipgraph.query.fact_filter import FactFilter
-from hipgraph.query.graph_search import GraphRun, GraphSearch, When
+from hipgraph.query.graph_search import GraphSearch, When
 from hipgraph.query.hits import Ranked, to_hits
 from hipgraph.query.linking import EntityNames, QuestionSpans
 from hipgraph.query.memory import apply_time, asks_about_past, parse_question_dates
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MODES", "RANKERS", "GraphRun", "Retriever", "validate_request"]
+__all__ = ["MODES", "RANKERS", "Query", "Retriever", "validate_request"]
 
 
 def validate_request(questions: Sequence[str], k: int, mode: str) -> None:

@@ -32,7 +32,6 @@ from hipgraph.query.expand.results import (
     SubgraphFact,
 )
 from hipgraph.query.expand.search import Expander
-from hipgraph.query.expand.state import GraphSearch
 
-__all__ = ["GRAPH", "LLM", "RETRIEVAL", "Expander", "Expansion", "GraphSearch", "SubgraphEntity",
+__all__ = ["GRAPH", "LLM", "RETRIEVAL", "Expander", "Expansion", "SubgraphEntity",
            "SubgraphFact", "parse_facts", "parse_verdict"]

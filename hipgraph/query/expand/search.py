@@ -26,7 +26,6 @@ from hipgraph.query.expand.results import (
 )
 from hipgraph.query.expand.state import (
     Candidate,
-    GraphSearch,
     QuestionState,
     Run,
     SubEntity,
@@ -42,7 +41,7 @@ from hipgraph.text.normalize import clean_surface, normalize_entity, normalize_r
 if TYPE_CHECKING:
     from hipgraph.models.base import Embedder
     from hipgraph.models.chat import ChatClient
-    from hipgraph.query.engine import GraphRun
+    from hipgraph.query.graph_search import GraphRun, GraphSearch
     from hipgraph.store.database import GraphStore
     from hipgraph.store.vector_set import VectorSet
 

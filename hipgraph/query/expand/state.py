@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,33 +12,14 @@ from hipgraph.query.expand.results import Key, SubgraphFact
 from hipgraph.store.reads import passage_rows
 
 if TYPE_CHECKING:
-    from hipgraph.config import ExpandConfig, GraphRetrievalConfig, RetrievalConfig
+    from hipgraph.config import ExpandConfig, RetrievalConfig
     from hipgraph.models.base import Embedder
     from hipgraph.models.chat import ChatClient
-    from hipgraph.query.engine import GraphRun
-    from hipgraph.query.hits import Ranked
+    from hipgraph.query.graph_search import GraphSearch
     from hipgraph.query.linking import EntityNames
     from hipgraph.query.snapshot import GraphSnapshot
     from hipgraph.store.database import GraphStore
     from hipgraph.store.vector_set import VectorSet
-
-
-class GraphSearch(Protocol):
-    """Graph mode's search, which expansion seeds from and ranks with (the
-    :class:`~hipgraph.query.engine.Retriever` provides it)."""
-
-    def graph_run(self, questions: list[str], cfg: RetrievalConfig, qvec: np.ndarray | None = None,
-                  when: list[tuple[datetime | None, bool]] | None = None) -> GraphRun:
-        """Seeds and PageRank scores of ``questions`` (one batch)."""
-        ...
-
-    def rank_run(self, run: GraphRun, depth: int, graph_cfg: GraphRetrievalConfig) -> list[Ranked]:
-        """Best ``depth`` passages per question of a :meth:`graph_run`."""
-        ...
-
-    def entity_names(self) -> EntityNames:
-        """Normalised entity names of the current index generation."""
-        ...
 
 
 @dataclass

@@ -265,6 +265,13 @@ def test_kill_9_mid_run_then_rerun_resumes_to_the_uninterrupted_index(tmp_path, 
             assert proc.poll() is None, "the run ended before it could be killed: " + proc.communicate()[1].decode()
             assert time.monotonic() < deadline, "no batch was committed in time"
             time.sleep(0.02)
+        # a commit appends to the log in several writes: a kill between them loses that batch,
+        # so wait for the log to stop growing (the next batch takes far longer than this)
+        settled, size = time.monotonic(), _wal_size(crashed)
+        while time.monotonic() - settled < 0.3 and proc.poll() is None:
+            time.sleep(0.02)
+            if _wal_size(crashed) != size:
+                settled, size = time.monotonic(), _wal_size(crashed)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -187,3 +190,23 @@ def test_closing_closes_every_threads_cursor(tmp_path):
         held[0].execute("SELECT 1")
     with pytest.raises(StoreError, match="closed"):
         _ = store.con
+
+
+def test_no_connection_prints_duckdb_progress_bars(tmp_path):
+    """DuckDB draws a progress bar on stdout for queries over 2 s (a large index's first BM25 or
+    snapshot read), which broke ``--json`` output; every connection has it off. Checked in a
+    fresh interpreter, as the CLI runs (under pytest DuckDB starts with the bar off)."""
+    script = (
+        "import sys, threading\n"
+        "from pathlib import Path\n"
+        "from hipgraph.store.database import GraphStore\n"
+        "store = GraphStore.open(Path(sys.argv[1]), create=True, new_schema=lambda: (4, {}))\n"
+        "q = \"SELECT current_setting('enable_progress_bar')\"\n"
+        "out = [store._root_con.execute(q).fetchall()[0][0], store.con.execute(q).fetchall()[0][0]]\n"
+        "t = threading.Thread(target=lambda: out.append(store.con.execute(q).fetchall()[0][0]))\n"
+        "t.start(); t.join()\n"
+        "print(out)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ix")], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[False, False, False]"

@@ -40,13 +40,15 @@ def _connect(root: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
     db_path = root / DB_FILENAME
     limit = os.environ.get(MEMORY_LIMIT_ENV) or DEFAULT_MEMORY_LIMIT
     try:
-        return duckdb.connect(str(db_path), read_only=read_only, config={"memory_limit": limit})
+        con = duckdb.connect(str(db_path), read_only=read_only, config={"memory_limit": limit})
     except duckdb.IOException as exc:
         if "lock" in str(exc).lower():
             raise _lock_error(root, exc) from exc
         raise StoreError(f"cannot open {db_path}: {exc}") from exc
     except duckdb.Error as exc:
         raise StoreError(f"cannot open {db_path}: {exc}") from exc
+    con.execute("SET enable_progress_bar = false")  # DuckDB's bar would print on our stdout
+    return con
 
 
 def _lock_error(path: Path, exc: Exception) -> IndexLockedError:

@@ -47,7 +47,10 @@ def _connect(root: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
         raise StoreError(f"cannot open {db_path}: {exc}") from exc
     except duckdb.Error as exc:
         raise StoreError(f"cannot open {db_path}: {exc}") from exc
-    con.execute("SET enable_progress_bar = false")  # DuckDB's bar would print on our stdout
+    try:  # DuckDB's bar would print on our stdout (into --json output)
+        con.execute("SET enable_progress_bar = false")
+    except duckdb.Error:  # in Jupyter without ipywidgets DuckDB refuses to touch the setting
+        logger.debug("cannot switch DuckDB's progress bar off", exc_info=True)
     return con
 
 

@@ -88,7 +88,7 @@ def test_an_edited_llm_extractor_receives_no_document(inline_template, tmp_path,
         with hipgraph.open(db) as hg:
             before = hg.stats()
             assert [h.doc_id for h in hg.retrieve("Journal of Psychotherapy Integration", k=1,
-                                                  mode="bm25")] == ["6"]  # reading needs no extractor
+                                                  mode="bm25")] == ["jpi"]  # reading needs no extractor
             with pytest.raises(SessionConfigError, match=r"llm extractor.*--extractor llm"):
                 hg.add_documents([{"id": "new", "text": "A private document about Vas Labs."}])
             assert hg.stats() == before
@@ -107,7 +107,9 @@ def test_an_openai_index_reopens_with_the_sessions_endpoint_only(tmp_path, monke
         meta = _meta(db)
         assert (meta["embedder"], meta["dimension"], meta["config"]["embedder"]["model"]) == ("openai:emb", 16, "emb")
         saved = json.dumps(meta)  # the index records the model, not where it is or whose key
-        assert srv.base_url not in saved and SECRET_ENV not in saved and "openie.json" not in saved
+        assert srv.base_url not in saved and "127.0.0.1" not in saved
+        assert SECRET_ENV not in saved
+        assert str(tmp_path) not in saved  # no path (the extractor's name keeps the file's name)
         built = len(srv.requests)
 
         with pytest.raises(SessionConfigError, match=r"'openai:emb'.*model='emb', base_url=URL"):
@@ -142,7 +144,7 @@ def test_a_saved_precomputed_path_is_not_read_again(tmp_path):
     config = IndexConfig(embedder=EmbedderConfig(name="hashing", dimension=32), extractor=extractor)
     with hipgraph.open(db, create=True, config=config) as hg:
         hg.add_documents(DOCS[:1])
-    assert "openie.json" not in json.dumps(_meta(db))
+    assert str(tmp_path) not in json.dumps(_meta(db))
     old_style = _meta(db)["config"]  # an index saved before this rule, or edited, holds the path
     old_style["extractor"]["precomputed_path"] = extractor.precomputed_path
     _edit_meta(db, "config", old_style)
@@ -174,4 +176,4 @@ def test_a_model_folder_comes_from_the_session(inline_template, tmp_path):
     with hipgraph.open(db, read_only=True, embedder=session) as hg:
         hits = hg.retrieve("Which association publishes the Journal of Psychotherapy Integration?",
                            k=1, mode="dense")
-    assert [h.doc_id for h in hits] == ["6"]
+    assert [h.doc_id for h in hits] == ["jpi"]

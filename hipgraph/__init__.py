@@ -27,6 +27,7 @@ from hipgraph.errors import (
     IndexNotFoundError,
     InputError,
     SchemaVersionError,
+    SessionConfigError,
 )
 from hipgraph.types import Answer, Conversation, Document, Fact, Hit, IndexReport, Session, Turn
 
@@ -38,6 +39,6 @@ __all__ = [
     "RETRIEVAL_MODES", "Answer", "ChatConfig", "ChunkConfig", "ConfigError", "Conversation", "ConversationConfig",
     "DecomposeConfig", "Document", "EmbedderConfig", "ExpandConfig", "ExtractorConfig", "Fact", "GeneratorConfig",
     "GraphRetrievalConfig", "HipGraph", "HipgraphError", "Hit", "IndexConfig", "IndexLockedError",
-    "IndexNotFoundError", "IndexReport", "InputError", "RetrievalConfig", "SchemaVersionError", "Session",
+    "IndexNotFoundError", "IndexReport", "InputError", "RetrievalConfig", "SchemaVersionError", "Session", "SessionConfigError",
     "SynonymConfig", "Turn", "VectorIndexConfig", "open",
 ]

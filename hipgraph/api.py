@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -12,14 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 from hipgraph import registry
 from hipgraph.config import (
+    EMBEDDER_CONNECTION_FIELDS,
+    EMBEDDERS_NEEDING_SESSION,
+    EXTRACTORS_NEEDING_SESSION,
     ChatConfig,
     ConversationConfig,
+    EmbedderConfig,
     ExtractorConfig,
     GeneratorConfig,
     IndexConfig,
     RetrievalConfig,
+    strip_session_fields,
 )
-from hipgraph.errors import ConfigError, StoreError
+from hipgraph.errors import ConfigError, SessionConfigError, StoreError
 from hipgraph.indexers.extract_base import Extractor
 from hipgraph.indexers.pipeline import Indexer, Progress, release_freed_memory
 from hipgraph.models.base import Embedder
@@ -56,37 +62,88 @@ def open(  # noqa: A001 - the package's entry point, used as hipgraph.open(...)
     read_only: bool = False,
     config: IndexConfig | None = None,
     extractor: ExtractorConfig | None = None,
-    embedder: Embedder | None = None,
+    embedder: Embedder | EmbedderConfig | None = None,
     retrieval: RetrievalConfig | None = None,
 ) -> HipGraph:
     """Open the index folder ``path`` (``create=True`` makes it when absent).
 
     A new index saves ``config`` (defaults otherwise) and the resolved backend names; reopening
-    restores them. ``extractor`` overrides the saved extractor for this session's writes (each fact
-    records which extractor produced it). ``embedder`` passes a ready backend instance, which must
-    match the one the index was built with. ``retrieval`` sets this session's query-time
+    restores them, except endpoints, API key variables and file paths, which an index never
+    records or supplies (:data:`~hipgraph.config.SESSION_ONLY_FIELDS`): an index built with the
+    ``openai`` embedder reopens only with ``embedder=EmbedderConfig(name="openai", base_url=...,
+    model=...)`` (or ``config=``) naming the same model, else :class:`SessionConfigError`.
+    ``extractor`` overrides the saved extractor for this session's writes (each fact records which
+    extractor produced it); writes to an index built with the ``llm`` or ``precomputed`` extractor
+    need it. ``embedder`` passes a ready backend instance, or an :class:`EmbedderConfig`; either
+    must match the one the index was built with. ``retrieval`` sets this session's query-time
     defaults (not saved with the index).
     """
     return HipGraph(Path(path), create=create, read_only=read_only, config=config,
                     extractor=extractor, embedder=embedder, retrieval=retrieval)
 
 
+def _check_same_embedder(path: Path, built: str, saved: dict[str, Any], session: EmbedderConfig,
+                         dimension: int) -> EmbedderConfig:
+    """``session`` (which says where to connect) if it makes the vectors the index holds: the
+    saved backend and model settings, and for a remote embedder vectors of the index's
+    ``dimension`` (given to it when unset, so replies of another width are refused)."""
+    remote = session.name in EMBEDDERS_NEEDING_SESSION
+    if remote and session.dimension is None:
+        session = replace(session, dimension=dimension)
+    ignored = (*EMBEDDER_CONNECTION_FIELDS, "dimension") if remote else EMBEDDER_CONNECTION_FIELDS
+    given = {k: v for k, v in dataclasses.asdict(session).items() if k not in ignored}
+    recorded = {**dataclasses.asdict(EmbedderConfig()), **saved}  # defaults for absent keys
+    recorded = {k: v for k, v in recorded.items() if k not in ignored}
+    differ = sorted(k for k in given if given[k] != recorded.get(k))
+    widths = {session.dimension, dimension} | ({saved["dimension"]} if saved.get("dimension") else set())
+    if remote and len(widths) > 1:
+        differ.append("dimension")
+    if differ:
+        raise ConfigError(
+            f"index {path} was built with embedder {built!r} ({saved}, {dimension}-d vectors); "
+            "a different embedder config cannot be used with it "
+            f"(differs in {', '.join(sorted(differ))})")
+    return session
+
+
+def _remote_embedder_message(path: Path, built: str, saved: dict[str, Any]) -> str:
+    model = saved.get("model") or "MODEL"
+    return (f"index {path} was built with the remote embedder {built!r}; an index folder never "
+            "says where to send text or which API key to send: pass hipgraph.open(path, "
+            f"embedder=EmbedderConfig(name='openai', model={model!r}, base_url=URL, "
+            "api_key_env=VAR)) (CLI: --embedder openai --embed-base-url URL "
+            f"--embed-model {model} [--embed-api-key-env VAR]) to reopen it")
+
+
+def _extractor_message(path: Path, name: str) -> str:
+    how = ("extractor=ExtractorConfig(name='llm', chat=ChatConfig(base_url=URL, model=MODEL)) "
+           "(CLI: --extractor llm --llm-base-url URL --llm-model MODEL)" if name == "llm" else
+           "extractor=ExtractorConfig(name='precomputed', precomputed_path=FILE) "
+           "(CLI: --extractor precomputed:FILE)")
+    return (f"index {path} was built with the {name} extractor, whose endpoint or file an index "
+            f"folder never supplies: pass {how}, or another extractor, to add documents")
+
+
 class HipGraph:
     """One open index: add/delete documents, statistics, retrieval."""
 
     def __init__(self, path: Path, *, create: bool, read_only: bool, config: IndexConfig | None,
-                 extractor: ExtractorConfig | None, embedder: Embedder | None,
+                 extractor: ExtractorConfig | None, embedder: Embedder | EmbedderConfig | None,
                  retrieval: RetrievalConfig | None = None):
         self.path = path
         self.retrieval = retrieval or RetrievalConfig()
+        embedder_config = embedder if isinstance(embedder, EmbedderConfig) else None
         self.config = (config or IndexConfig()).replace(
-            **({"extractor": extractor} if extractor is not None else {}))
-        self._embedder = embedder
+            **({"extractor": extractor} if extractor is not None else {}),
+            **({"embedder": embedder_config} if embedder_config is not None else {}))
+        self._embedder = None if embedder_config is not None else embedder
+        self._built_embedder: str | None = None  # reopened: the embedder name the index was built with
+        self._extractor_missing: str | None = None  # why this session cannot extract (writes)
         self._lazy = threading.RLock()  # backends and sides made on first use, once
 
         def new_schema() -> tuple[int, dict[str, Any]]:
             emb = self.embedder
-            return emb.dimension, {"config": self.config.to_dict(), "embedder": emb.name,
+            return emb.dimension, {"config": self.config.saved_form(), "embedder": emb.name,
                                    "extractor": self.config.extractor.name}
 
         self.store = GraphStore.open(path, create=create, read_only=read_only, new_schema=new_schema)
@@ -107,25 +164,50 @@ class HipGraph:
         self._chat_clients: dict[ChatConfig, ChatClient] = {}
 
     def _adopt_saved_config(self, config: IndexConfig | None, extractor: ExtractorConfig | None,
-                            embedder: Embedder | None) -> None:
-        """Reopening: the saved config wins; a given one may differ only in per-session parts."""
-        saved = IndexConfig.from_dict(self.store.meta_get("config"))
-        built = self.store.meta_get("embedder")
+                            embedder: Embedder | EmbedderConfig | None) -> None:
+        """Reopening: the saved config wins; a given one may differ only in per-session parts.
+
+        Endpoints, key variables and paths are never taken from the index (whatever its meta
+        holds): they come from ``config``, ``embedder`` or ``extractor`` of this session.
+        """
+        saved_data = strip_session_fields(self.store.meta_get("config"))
+        built = self._built_embedder = self.store.meta_get("embedder")
         path = self.path
-        if config is not None and config.embedder != saved.embedder:
-            raise ConfigError(
-                f"index {path} was built with embedder {built!r} "
-                f"({saved.embedder}); a different embedder config cannot be used with it")
+        session_embedder = (embedder if isinstance(embedder, EmbedderConfig)
+                            else config.embedder if config is not None else None)
+        instance = None if isinstance(embedder, EmbedderConfig) else embedder
+        saved_embedder = dict(saved_data.get("embedder") or {})
+        if session_embedder is not None:
+            session_embedder = _check_same_embedder(path, built, saved_embedder, session_embedder,
+                                                    int(self.store.meta_get("dimension")))
+            saved_data["embedder"] = dataclasses.asdict(session_embedder)
+        elif saved_embedder.get("name") in EMBEDDERS_NEEDING_SESSION:
+            instance_config = getattr(instance, "config", None)
+            if not isinstance(instance_config, EmbedderConfig):
+                raise SessionConfigError(_remote_embedder_message(path, built, saved_embedder))
+            saved_data["embedder"] = dataclasses.asdict(_check_same_embedder(
+                path, built, saved_embedder, instance_config, int(self.store.meta_get("dimension"))))
+        saved_extractor = dict(saved_data.get("extractor") or {})
+        needs = EXTRACTORS_NEEDING_SESSION.get(saved_extractor.get("name", ""))
+        if needs is not None:  # the session's extractor, if any, replaces it below
+            self._extractor_missing = _extractor_message(path, saved_extractor["name"])
+            saved_data["extractor"] = {**saved_extractor, "name": "spacy"}
+        saved = IndexConfig.from_dict(saved_data)
         for part in _GRAPH_DEFINING:  # these shape the stored graph: changing them mid-index
             if config is not None and getattr(config, part) != getattr(saved, part):
                 raise ConfigError(
                     f"index {path} was built with {part} = {getattr(saved, part)}; "
                     f"it cannot be reopened with {getattr(config, part)} (rebuild the index)")
-        if embedder is not None and embedder.name != built:
-            raise ConfigError(f"index {path} was built with embedder {built!r}, not {embedder.name!r}")
-        self.config = saved if config is None else config
+        if instance is not None and instance.name != built:
+            raise ConfigError(f"index {path} was built with embedder {built!r}, not {instance.name!r}")
+        if config is not None:
+            self.config = config.replace(embedder=saved.embedder)
+            self._extractor_missing = None  # the session's config names its extractor
+        else:
+            self.config = saved
         if extractor is not None:
             self.config = self.config.replace(extractor=extractor)
+            self._extractor_missing = None
 
     # ------------------------------------------------------------------ backends
     @property
@@ -133,11 +215,22 @@ class HipGraph:
         if self._embedder is None:
             with self._lazy:
                 if self._embedder is None:
-                    self._embedder = registry.create("embedder", self.config.embedder.name,
-                                                     self.config.embedder)
+                    made = registry.create("embedder", self.config.embedder.name, self.config.embedder)
+                    if self._built_embedder is not None and made.name != self._built_embedder:
+                        raise SessionConfigError(
+                            f"index {self.path} was built with embedder {self._built_embedder!r}, "
+                            f"this session's embedder config gives {made.name!r}; model folders "
+                            "are not read from an index folder: pass hipgraph.open(path, "
+                            "embedder=EmbedderConfig(model_path=FOLDER, ...)) to reopen it")
+                    self._embedder = made
         return self._embedder
 
+    def _require_extractor(self) -> None:
+        if self._extractor_missing is not None:
+            raise SessionConfigError(self._extractor_missing)
+
     def _make_extractor(self) -> Extractor:
+        self._require_extractor()
         cfg = self.config.extractor
         if cfg.name == "llm":
             return registry.create("extractor", "llm", cfg, cache=DuckDBResponseCache(self.store))
@@ -174,6 +267,7 @@ class HipGraph:
         """
         if self.store.read_only:
             raise StoreError(f"index {self.path} is open read-only")
+        self._require_extractor()
         runner = None
         if executor != "local" or workers or ray_address:
             from hipgraph.indexers.executors import create_executor  # noqa: PLC0415
@@ -215,6 +309,7 @@ class HipGraph:
 
         if self.store.read_only:
             raise StoreError(f"index {self.path} is open read-only")
+        self._require_extractor()
         convs = [to_conversation(c, f"conversations[{i}]") for i, c in enumerate(conversations)]
         warnings: list[str] = []
         docs = conversation_documents(convs, self.embedder, config or self.config.conversation,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hipgraph.errors import HipgraphError, InputError
+from hipgraph.errors import HipgraphError, InputError, SessionConfigError
 
 logger = logging.getLogger("hipgraph.cli")
 
@@ -41,6 +41,31 @@ def _add_llm(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--llm-api-key-env", default="OPENAI_API_KEY",
                        help="environment variable holding the API key (unset: no key)")
     group.add_argument("--llm-concurrency", type=int, default=8, help="parallel requests")
+
+
+def _add_embedder(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "embedder endpoint (an index folder never supplies it: needed by every command on an index "
+        "built with the openai embedder)")
+    group.add_argument("--embedder", choices=("minilm", "openai"), default=None,
+                       help="openai: any OpenAI-compatible /v1/embeddings endpoint (default: the "
+                            "index's own, MiniLM for a new one)")
+    group.add_argument("--embed-base-url", default=None, help="openai embedder endpoint")
+    group.add_argument("--embed-model", default=None, help="openai embedder model")
+    group.add_argument("--embed-api-key-env", default="OPENAI_API_KEY",
+                       help="environment variable holding the embedder's API key (unset: no key)")
+
+
+def _session_embedder(args: argparse.Namespace):
+    """The embedder config the flags give (``--embedder openai``), else None (the index's own)."""
+    from hipgraph.config import EmbedderConfig  # noqa: PLC0415
+
+    if args.embedder != "openai" and not args.embed_base_url:
+        return None
+    if not args.embed_base_url or not args.embed_model:
+        raise InputError("--embedder openai needs --embed-base-url and --embed-model")
+    return EmbedderConfig(name="openai", base_url=args.embed_base_url, model=args.embed_model,
+                          api_key_env=args.embed_api_key_env)
 
 
 def _add_retrieval(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("index", help="index documents into an index folder (created if absent)")
     _add_db(p)
+    _add_embedder(p)
     p.add_argument("inputs", nargs="+", help="JSON (list or bundle with 'corpus'), JSONL, .txt/.md files or folders")
     p.add_argument("--format", dest="fmt", choices=("documents", "conversation", "locomo", "longmemeval"),
                    default="documents",
@@ -102,9 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local: worker processes (default: one process, extraction overlapped with "
                         "writes); ray: CPUs of the local cluster started when --ray-address is not given")
     p.add_argument("--ray-address", default=None, help="ray: address of a running cluster (e.g. ray://host:10001)")
-    p.add_argument("--embedder", choices=("minilm", "openai"), default=None, help="for a new index")
-    p.add_argument("--embed-base-url", default=None, help="openai embedder endpoint")
-    p.add_argument("--embed-model", default=None, help="openai embedder model")
     p.add_argument("--limit", type=int, default=None, help="index only the first N records")
     _add_llm(p)
     _add_output(p)
@@ -112,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("query", help="retrieve passages for a question")
     _add_db(p)
+    _add_embedder(p)
     p.add_argument("question")
     p.add_argument("-k", type=int, default=5)
     p.add_argument("--mode", default="graph", choices=_modes(),
@@ -140,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="retrieval recall@k per mode on a QA bundle (indexes its corpus "
                                     "when the index is empty, with ids str(idx))")
     _add_db(p)
+    _add_embedder(p)
     p.add_argument("bundle", type=Path, help="bundle JSON with 'questions' (gold_idx) and 'corpus'; "
                                              "or a conversation file with --format")
     p.add_argument("--format", dest="fmt", choices=("bundle", "locomo", "longmemeval"), default="bundle",
@@ -165,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stats", help="counts of documents, passages, entities, facts, edges")
     _add_db(p)
+    _add_embedder(p)
     _add_output(p)
     p.set_defaults(func=cmd_stats)
     return parser
@@ -212,7 +238,7 @@ def _extractor_config(args: argparse.Namespace):
 
 
 def _new_index_config(args: argparse.Namespace):
-    from hipgraph.config import ChunkConfig, EmbedderConfig, IndexConfig, VectorIndexConfig  # noqa: PLC0415
+    from hipgraph.config import ChunkConfig, IndexConfig, VectorIndexConfig  # noqa: PLC0415
 
     config = IndexConfig()
     changes: dict[str, Any] = {}
@@ -221,8 +247,9 @@ def _new_index_config(args: argparse.Namespace):
                                        overlap=config.chunk.overlap if args.chunk_overlap is None else args.chunk_overlap)
     if args.vector_index:
         changes["vectors"] = VectorIndexConfig(kind=args.vector_index)
-    if args.embedder == "openai":
-        changes["embedder"] = EmbedderConfig(name="openai", base_url=args.embed_base_url, model=args.embed_model)
+    embedder = _session_embedder(args)
+    if embedder is not None:
+        changes["embedder"] = embedder
     if args.batch_size:
         changes["batch_size"] = args.batch_size
     return config.replace(**changes) if changes else config
@@ -252,7 +279,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     exists = GraphStore.has_index(args.db)
     config = None if exists else _new_index_config(args)
     t0 = time.perf_counter()
-    with (hipgraph.open(args.db, create=True, config=config, extractor=extractor) as hg,
+    with (hipgraph.open(args.db, create=True, config=config, extractor=extractor,
+                        embedder=_session_embedder(args)) as hg,
           _progress_bar(total, args.quiet, "indexing") as bar):
         report = hg.add_documents(records(), progress=bar.update, batch_size=args.batch_size, **run)
         stats = hg.stats()
@@ -293,7 +321,8 @@ def _index_conversations(args: argparse.Namespace) -> int:
         convs = convs[: args.limit]
     config = None if GraphStore.has_index(args.db) else _new_index_config(args)
     t0 = time.perf_counter()
-    with hipgraph.open(args.db, create=True, config=config, extractor=_extractor_config(args)) as hg:
+    with hipgraph.open(args.db, create=True, config=config, extractor=_extractor_config(args),
+                       embedder=_session_embedder(args)) as hg:
         conv_cfg = hg.config.conversation
         if args.granularity:
             conv_cfg = dataclasses.replace(conv_cfg, granularity=args.granularity)
@@ -344,7 +373,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     config = _retrieval_config(args)
     if args.answer:
         generator = _generator_config(args)
-        with hipgraph.open(args.db, read_only=True) as hg:
+        with hipgraph.open(args.db, read_only=True, embedder=_session_embedder(args)) as hg:
             answer = hg.answer(args.question, k=args.k, mode=args.mode, generator=generator,
                                config=config)
         if args.json:
@@ -360,7 +389,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.persist and args.mode != "expand":
         raise InputError("--persist applies to --mode expand only")
     extra: dict[str, Any] = {}
-    with hipgraph.open(args.db, read_only=not args.persist) as hg:
+    with hipgraph.open(args.db, read_only=not args.persist, embedder=_session_embedder(args)) as hg:
         if args.mode == "decompose":
             result = hg.decompose(args.question, k=args.k, config=config)
             hits, extra["trace"] = result.hits, result.trace()
@@ -430,10 +459,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
                              source=str(args.bundle))
         records = [{"id": str(c.get("idx", i)), "title": c.get("title", ""), "text": c.get("text", ""),
                     "_where": f"{args.bundle}: corpus[{i}]"} for i, c in enumerate(corpus)]
-        with hipgraph.open(args.db, create=True) as hg, \
+        with hipgraph.open(args.db, create=True, embedder=_session_embedder(args)) as hg, \
                 _progress_bar(len(records), args.quiet, "indexing") as bar:
             hg.add_documents(records, progress=bar.update)
-    with hipgraph.open(args.db, read_only=True) as hg:
+    with hipgraph.open(args.db, read_only=True, embedder=_session_embedder(args)) as hg:
         results = evaluate(hg, questions, modes, cutoffs, config=config, generator=generator,
                            answer_k=args.answer_k)
     scored = [q for q in questions if q.get("gold_idx")]
@@ -520,7 +549,7 @@ def _is_empty(db: Path) -> bool:
 def cmd_stats(args: argparse.Namespace) -> int:
     import hipgraph  # noqa: PLC0415
 
-    with hipgraph.open(args.db, read_only=True) as hg:
+    with hipgraph.open(args.db, read_only=True, embedder=_session_embedder(args)) as hg:
         stats = hg.stats()
     if args.json:
         print(json.dumps(stats, indent=2))
@@ -558,7 +587,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(args)
     try:
         return int(args.func(args) or 0)
-    except InputError as exc:
+    except (InputError, SessionConfigError) as exc:  # usage: flags or input to fix
         print(f"hipgraph: error: {exc}", file=sys.stderr)
         return 2
     except HipgraphError as exc:

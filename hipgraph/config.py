@@ -1,7 +1,9 @@
 """Frozen, validated configuration per component.
 
 Each component reads its own dataclass; :class:`IndexConfig` groups them and is saved (as JSON) in
-the index's ``meta`` table so an index reopens with the settings it was built with.
+the index's ``meta`` table so an index reopens with the settings it was built with, except for
+:data:`SESSION_ONLY_FIELDS` (endpoints, API key variables, file paths): an index folder is data,
+so where to send text, which secret to send and which file to read come from the session.
 """
 
 from __future__ import annotations
@@ -491,6 +493,33 @@ class IndexConfig:
 
     def replace(self, **changes: Any) -> IndexConfig:
         return dataclasses.replace(self, **changes)
+
+    def saved_form(self) -> dict[str, Any]:
+        """What an index records of this config: all but :data:`SESSION_ONLY_FIELDS`."""
+        return strip_session_fields(self.to_dict())
+
+
+# Fields an index never records and never supplies on reopen (they say where data is sent, which
+# secret goes with it, which file or model folder is read): they come from the session.
+SESSION_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
+    "embedder": ("base_url", "api_key_env", "model_path"),
+    "extractor": ("chat", "precomputed_path"),
+}
+# backends that cannot run without a session-only field, and the field they need
+EMBEDDERS_NEEDING_SESSION: dict[str, str] = {"openai": "base_url"}
+EXTRACTORS_NEEDING_SESSION: dict[str, str] = {"llm": "chat", "precomputed": "precomputed_path"}
+# embedder fields a session may set freely on reopen: they do not change the vectors
+EMBEDDER_CONNECTION_FIELDS = (*SESSION_ONLY_FIELDS["embedder"], "timeout", "max_retries")
+
+
+def strip_session_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a config dict (saved or about to be) without :data:`SESSION_ONLY_FIELDS`."""
+    out = dict(data)
+    for section, names in SESSION_ONLY_FIELDS.items():
+        part = out.get(section)
+        if isinstance(part, dict):
+            out[section] = {k: v for k, v in part.items() if k not in names}
+    return out
 
 
 def _from_dict(cls: type, data: Any, path: str) -> Any:

@@ -11,6 +11,11 @@ class ConfigError(HipgraphError, ValueError):
     """A configuration value is out of range or of the wrong kind."""
 
 
+class SessionConfigError(ConfigError):
+    """An index needs an endpoint, API key variable or file that only the session may supply
+    (an index folder never does); the message says which argument or CLI flag gives it."""
+
+
 class BackendUnavailableError(HipgraphError, ImportError):
     """A named backend is unknown or its optional dependency is not installed."""
 

@@ -123,6 +123,14 @@ def test_index_extractor_precomputed_and_flat(tmp_path):
         assert "hank snow" not in entities and "hello love" not in entities  # no extraction for idx 2
         assert hg.config.vectors.kind == "flat"
     assert set(_faiss_layouts(db).values()) == {faiss.IndexFlatIP}
+    # a later run does not read the file again unless it is named: an index never supplies paths
+    more = tmp_path / "more.jsonl"
+    _jsonl(more, [{"id": "3", "text": "Hank Snow toured Canada."}])
+    again = run_cli("index", "--db", str(db), str(more), "-q")
+    assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr
+    assert "precomputed extractor" in again.stderr and "--extractor precomputed:FILE" in again.stderr
+    with hipgraph.open(db, read_only=True) as hg:
+        assert hg.stats()["documents"] == 3  # nothing written
 
 
 def test_index_conversation_by_turn_with_ivf(tmp_path):

@@ -235,7 +235,8 @@ def test_faiss_auto_layout_switches_at_the_threshold_and_retrains_after_8x(tmp_p
         assert (kind, n) == ("IndexIVFScalarQuantizer", 50)  # at the threshold: IVF-SQ8
         hg.add_documents(docs[50:300])  # 6x its training size: the same lists
         assert _passage_layout(path) == (kind, trained_lists, 300)
-    with hipgraph.open(path) as hg:  # the training size is remembered across a reopen
+    # the training size is remembered across a reopen (the extractions file is the session's to name)
+    with hipgraph.open(path, extractor=config.extractor) as hg:
         hg.add_documents(docs[300:])  # past 8x 50: trained again, on more lists
         kind, lists, n = _passage_layout(path)
         assert (kind, n) == ("IndexIVFScalarQuantizer", 401) and lists > trained_lists

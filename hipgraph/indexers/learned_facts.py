@@ -85,7 +85,8 @@ def persist_facts(store: GraphStore, vectors: VectorSet, embedder: Embedder,
             "extractor": pa.array([extractor] * sum(len(f.passage_ids) for f, _ in write), pa.string())})
         _add_mentions(store, [f for f, _ in write], ids)
         refresh_entities(store, {ids[n] for f, _ in write for n in (f.subject, f.object)})
-        synonyms = IndexConfig.from_dict(store.meta_get("config")).synonyms
+        # only the synonyms part: the saved embedder alone may lack its session-only endpoint
+        synonyms = IndexConfig.from_dict({"synonyms": store.meta_get("config")["synonyms"]}).synonyms
         update_synonyms(store, vectors.indexes["entity"], new_ids, nvecs,
                         np.zeros(0, np.int64), np.zeros((0, vectors.dimension), np.float32), synonyms)
         store.bump_generation()

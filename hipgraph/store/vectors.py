@@ -19,7 +19,6 @@ from hipgraph.errors import BackendUnavailableError, StoreError
 
 logger = logging.getLogger(__name__)
 
-SQ8_TOLERANCE = 0.05  # per component, a stored 8-bit code against DuckDB's float32 vector
 SCORE_TOLERANCE = {True: 0.05, False: 1e-3}  # a unit vector's best score: 1 +- this (quantised?)
 RANGE_BATCH = 4096  # query rows per FAISS range search (synonym kNN of a batch's new entities)
 
@@ -151,10 +150,10 @@ class FaissVectorIndex:
     def spot_check(self, ids: np.ndarray, vectors: np.ndarray) -> str | None:
         """Why this index does not hold ``vectors`` (DuckDB's rows) under ``ids``, or None.
 
-        Each vector is read back from the stored codes (exactly; within :data:`SQ8_TOLERANCE`
-        for 8-bit codes) and the unit ones are searched: the best score must be finite and
-        about 1 (at most about 1 on HNSW, whose search is approximate), which a damaged vector
-        elsewhere in the file (huge or NaN scores) breaks."""
+        Each vector is read back from the stored codes and must equal DuckDB's (for 8-bit codes:
+        DuckDB's vector encoded and decoded by this index); the unit ones are searched: the best
+        score must be finite and about 1 (at most about 1 on HNSW, whose search is approximate),
+        which a damaged vector elsewhere in the file (huge or NaN scores) breaks."""
         if len(ids) == 0:
             return None
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -165,9 +164,10 @@ class FaissVectorIndex:
             top = self._index.search(vectors[unit], 1)[0][:, 0] if unit.any() else np.ones(0)
         except RuntimeError as exc:
             return f"FAISS cannot read its vectors back ({exc})"
+        expected = self._inner.sa_decode(self._inner.sa_encode(vectors)) if quantised else vectors
         with np.errstate(invalid="ignore", over="ignore"):  # damaged codes may decode to inf/NaN
-            error = np.max(np.abs(stored - vectors), axis=1)
-        bad = ~(error <= (SQ8_TOLERANCE if quantised else 1e-5))
+            error = np.max(np.abs(stored - expected), axis=1)
+        bad = ~(error <= 1e-5)
         if bad.any():
             return f"vector {int(ids[np.argmax(bad)])} differs from DuckDB's (by {error[bad][0]:.3g})"
         tol = SCORE_TOLERANCE[quantised]
@@ -180,7 +180,7 @@ class FaissVectorIndex:
         """The vectors stored under ``ids`` (NaN rows where not found). Flat and HNSW storage are
         read by id; IVF lists (no direct map) by searching DuckDB's copy, whose own list is probed
         first, and keeping the hit with the id. When it is missing because every hit ties (more
-        identical copies than hits), DuckDB's copy stands in: nothing tells them apart."""
+        identical copies than hits), the best hit (an identical copy) stands in."""
         if self.layout != "ivf":
             return np.stack([self._index.reconstruct(int(i)) for i in ids])
         scores, labels, found = self._inner.search_and_reconstruct(vectors, min(self.ntotal, 16))
@@ -192,7 +192,7 @@ class FaissVectorIndex:
             if exact.size:
                 out[row] = found[row][hit][exact[0]]
             elif hit.all() and scores[row, -1] >= scores[row, 0] and labels.shape[1] < self.ntotal:
-                out[row] = vectors[row]
+                out[row] = found[row][0]
         return out
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -365,7 +365,13 @@ def test_swapped_passage_vectors_fail_both_index_checks(small_index, embedder, t
         assert_same_index(before, after)
     assert "('pct', 0)" in str(err.value) and "('rogers', 0)" in str(err.value)
     with hipgraph.open(small_index, embedder=embedder) as hg:
-        assert hg.vectors.repaired == []  # the FAISS file holds the same ids: it is kept
+        # same ids, other vectors: the open's spot check reads them back and rebuilds the file
+        assert [r.split(":")[0] for r in hg.vectors.repaired] == ["passage"]
+        assert "damaged" in hg.vectors.repaired[0]
+        check_consistency(hg)
+        # the old file in memory (as before the spot check) fails the consistency check
+        hg.vectors.indexes["passage"] = FaissVectorIndex.load(
+            untouched / "passage.faiss", hg.vectors.dimension, hg.vectors.config)
         with pytest.raises(AssertionError, match="passage FAISS in memory: FAISS holds other vectors"):
             check_consistency(hg)
     # FAISS rebuilt from the swapped rows agrees with DuckDB, and the index now answers wrongly
@@ -385,8 +391,13 @@ def test_faiss_holding_other_vectors_under_the_right_ids_fails_the_consistency_c
         _write_faiss_with_swapped_rows(small_index, kind)  # the file on disk only
         with pytest.raises(AssertionError, match=f"{kind} FAISS file: FAISS holds other vectors"):
             check_consistency(hg)
-    with hipgraph.open(small_index, embedder=embedder) as hg:  # now loaded into memory too
-        assert hg.vectors.repaired == []
+    with hipgraph.open(small_index, embedder=embedder) as hg:  # the open's spot check sees it
+        assert [r.split(":")[0] for r in hg.vectors.repaired] == [kind]
+        assert "damaged" in hg.vectors.repaired[0]
+        check_consistency(hg)  # rebuilt from DuckDB and rewritten
+        _write_faiss_with_swapped_rows(small_index, kind)  # now loaded into memory too
+        hg.vectors.indexes[kind] = FaissVectorIndex.load(
+            small_index / f"{kind}.faiss", hg.vectors.dimension, hg.vectors.config)
         with pytest.raises(AssertionError, match=f"{kind} FAISS in memory: FAISS holds other vectors"):
             check_consistency(hg)
 

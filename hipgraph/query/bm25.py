@@ -7,7 +7,9 @@ written atomically) and answering top-``k`` queries with deterministic tie-break
 
 It does not know where texts come from: callers pass one string per passage (by convention
 ``title + "\\n" + text``) and the matching ids. The index folder holds the ``bm25s`` files,
-``ids.npy`` and ``hipgraph_bm25.json`` (config, stemmer actually used, document count).
+``ids.npy`` and ``hipgraph_bm25.json`` (config, stemmer actually used, document count, the caller's
+``source`` stamp and checksums of the arrays). Loading verifies the stamp, the checksums and the
+score matrix's offsets and document range, and raises :class:`StoreError` on any mismatch.
 
 Scores are ``bm25s``' own. Its ``"lucene"`` variant uses idf ``ln(1 + (N - df + 0.5) / (df + 0.5))``
 and the term part ``tf / (tf + k1 * (1 - b + b * dl / avgdl))``, i.e. like Lucene >= 8 it leaves out
@@ -29,6 +31,7 @@ import bm25s
 import numpy as np
 
 from hipgraph.errors import ConfigError, InputError, StoreError
+from hipgraph.query.snapshot import array_checksum
 
 # bm25s pins its logger to DEBUG when imported; let it follow the application's logging setup.
 logging.getLogger("bm25s").setLevel(logging.NOTSET)
@@ -40,9 +43,10 @@ BM25_METHODS: tuple[str, ...] = ("robertson", "lucene", "atire", "bm25l", "bm25+
 NO_STOPWORDS: tuple[str, ...] = ("none", "")
 
 META_NAME = "hipgraph_bm25.json"
+_SCORE_ARRAYS = ("data", "indices", "indptr")  # bm25s' sparse token x document score matrix
 IDS_NAME = "ids.npy"
 FORMAT_NAME = "hipgraph-bm25"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 STEMMER_LANGUAGE = "english"
 
 try:  # PyStemmer is optional: without it tokens are not stemmed.
@@ -166,9 +170,21 @@ class BM25Index:
     def __len__(self) -> int:
         return int(len(self._ids))
 
+    @property
+    def ids(self) -> np.ndarray:
+        """The passage id of each indexed document, in index order."""
+        return self._ids
+
+    def _checksums(self) -> dict[str, int]:
+        sums = {"ids": array_checksum(self._ids)}
+        if self._bm25 is not None:
+            sums.update({k: array_checksum(self._bm25.scores[k]) for k in _SCORE_ARRAYS})
+        return sums
+
     # ------------------------------------------------------------------ save / load
-    def save(self, folder: Path) -> None:
-        """Write the index to ``folder`` (replaced as a whole; readers never see a partial one)."""
+    def save(self, folder: Path, source: Any = None) -> None:
+        """Write the index to ``folder`` (replaced as a whole; readers never see a partial one).
+        ``source`` (JSON) stamps what it was built from; :meth:`load` can require it."""
         folder = Path(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
         tag = f"{os.getpid()}.{uuid.uuid4().hex[:8]}"
@@ -188,6 +204,8 @@ class BM25Index:
                 "num_docs": len(self),
                 "has_index": self._bm25 is not None,
                 "bm25s_version": getattr(bm25s, "__version__", None),
+                "source": source,
+                "checksums": self._checksums(),
             }
             with open(tmp / META_NAME, "w", encoding="utf-8") as handle:
                 json.dump(meta, handle, indent=2)
@@ -208,8 +226,9 @@ class BM25Index:
         logger.debug("saved BM25 index (%d passages) to %s", len(self), folder)
 
     @classmethod
-    def load(cls, folder: Path, config: BM25Config | None = None) -> BM25Index:
-        """Open a saved index (arrays memory-mapped). ``config``, when given, must match."""
+    def load(cls, folder: Path, config: BM25Config | None = None, source: Any = None) -> BM25Index:
+        """Open a saved index (arrays memory-mapped) and verify it. ``config`` and ``source``
+        (the stamp given to :meth:`save`), when given, must match."""
         folder = Path(folder)
         meta_path = folder / META_NAME
         if not meta_path.is_file():
@@ -223,10 +242,14 @@ class BM25Index:
             num_docs = int(meta["num_docs"])
             has_index = bool(meta["has_index"])
             stemmer = meta["stemmer"]
+            checksums = dict(meta["checksums"])
         except StoreError:
             raise
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StoreError(f"corrupt BM25 metadata {meta_path}: {exc}") from exc
+        if source is not None and meta.get("source") != source:
+            raise StoreError(f"BM25 index at {folder} was built from {meta.get('source')}, "
+                             f"not {source}")
         if config is not None and config != saved:
             raise StoreError(f"BM25 index at {folder} was built with {saved}, not {config}")
         if stemmer != stemmer_name(saved):
@@ -253,7 +276,29 @@ class BM25Index:
                     or not np.isclose(retriever.b, saved.b)):
                 raise StoreError(f"corrupt BM25 index at {folder}: bm25s files disagree with "
                                  f"{META_NAME}")
-        return cls(ids, retriever, saved, stemmer)
+        index = cls(ids, retriever, saved, stemmer)
+        problem = index._problem(checksums)
+        if problem:
+            raise StoreError(f"corrupt BM25 index at {folder}: {problem}")
+        return index
+
+    def _problem(self, checksums: dict[str, int]) -> str | None:
+        """Why the loaded arrays are not the saved ones or not a valid index (None if fine)."""
+        if self._checksums() != checksums:
+            return "its arrays differ from the ones saved (checksums)"
+        if len(np.unique(self._ids)) != len(self._ids):
+            return "ids.npy repeats ids"
+        if self._bm25 is None:
+            return None
+        data, indices, indptr = (self._bm25.scores[k] for k in _SCORE_ARRAYS)
+        if len(indptr) == 0 or indptr[0] != 0 or indptr[-1] != len(indices) \
+                or bool(np.any(np.diff(indptr) < 0)):
+            return "the score matrix offsets are not monotone from 0 to its size"
+        if len(indices) and (int(np.min(indices)) < 0 or int(np.max(indices)) >= len(self._ids)):
+            return f"the score matrix names documents outside [0, {len(self._ids)})"
+        if not bool(np.all(np.isfinite(data))):
+            return "the score matrix holds non-finite scores"
+        return None
 
     # ------------------------------------------------------------------ search
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -6,8 +6,10 @@ entity–entity; parallel edges summed), so it is symmetric and PPR needs no tra
 
 A snapshot is a pure function of the stored graph. It is written beside the database as plain
 ``.npy`` files under ``cache/graph/`` stamped with the index ``generation`` (bumped by every write),
-and loaded memory-mapped; a stale or unreadable cache is rebuilt, a read-only folder keeps the
-snapshot in memory only.
+a fingerprint of the database rows it was built from (:func:`reads.content_fingerprint`) and
+per-array checksums, and loaded memory-mapped after verifying all of them and the arrays' shapes
+and index ranges; a stale, foreign or damaged cache is rebuilt (a read-only folder keeps the
+rebuilt snapshot in memory only).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from hipgraph.store.database import GraphStore
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT_FORMAT = 2
+SNAPSHOT_FORMAT = 3
 _ARRAYS = ("passage_ids", "entity_ids", "indptr", "indices", "weights", "entity_passage_indptr",
            "entity_passage_indices", "fact_ids", "fact_subject", "fact_object")
 
@@ -156,12 +158,27 @@ def _assemble(generation: int, arrays: dict[str, np.ndarray]) -> GraphSnapshot:
 
 
 # ---------------------------------------------------------------------- on-disk cache
+_DTYPES = {"passage_ids": np.int64, "entity_ids": np.int64, "indptr": np.int64, "indices": np.int32,
+           "weights": np.float64, "entity_passage_indptr": np.int64,
+           "entity_passage_indices": np.int32, "fact_ids": np.int64, "fact_subject": np.int32,
+           "fact_object": np.int32}
+
+
 def cache_dir(root: Path) -> Path:
     return root / "cache" / "graph"
 
 
-def save_snapshot(snapshot: GraphSnapshot, folder: Path) -> None:
-    """Write the arrays and a stamp into ``folder`` atomically (temp folder, then rename)."""
+def array_checksum(array: np.ndarray) -> int:
+    """Wrapping int64 sum of an array's values (of its bits, for floats): any changed value shows."""
+    values = np.asarray(array)
+    if values.dtype.kind == "f":
+        values = values.view(np.int64 if values.itemsize == 8 else np.int32)
+    return int(np.sum(values, dtype=np.int64))
+
+
+def save_snapshot(snapshot: GraphSnapshot, folder: Path, fingerprint: dict[str, int]) -> None:
+    """Write the arrays and a stamp (generation, the database ``fingerprint`` it was built from,
+    sizes and per-array checksums) into ``folder`` atomically (temp folder, then rename)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -169,8 +186,9 @@ def save_snapshot(snapshot: GraphSnapshot, folder: Path) -> None:
     for name in _ARRAYS:
         np.save(tmp / f"{name}.npy", np.ascontiguousarray(getattr(snapshot, name)))
     stamp = {"format": SNAPSHOT_FORMAT, "generation": snapshot.generation,
-             "passages": snapshot.n_passages, "entities": snapshot.n_entities,
-             "facts": int(snapshot.fact_ids.size)}
+             "fingerprint": fingerprint, "passages": snapshot.n_passages,
+             "entities": snapshot.n_entities, "facts": int(snapshot.fact_ids.size),
+             "checksums": {name: array_checksum(getattr(snapshot, name)) for name in _ARRAYS}}
     (tmp / "snapshot.json").write_text(json.dumps(stamp), encoding="utf-8")
     old = folder.with_name(f".{folder.name}.{os.getpid()}.old")
     if folder.exists():
@@ -179,38 +197,93 @@ def save_snapshot(snapshot: GraphSnapshot, folder: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load_snapshot(folder: Path, generation: int) -> GraphSnapshot | None:
-    """The cached snapshot of ``generation`` memory-mapped, or None when absent/stale/unreadable."""
+def load_snapshot(folder: Path, generation: int, fingerprint: dict[str, int]) -> GraphSnapshot | None:
+    """The cached snapshot of ``generation`` built from a database with ``fingerprint``,
+    memory-mapped and verified (:func:`snapshot_problem`); None when absent, stale or damaged."""
     try:
         stamp = json.loads((folder / "snapshot.json").read_text(encoding="utf-8"))
-        if stamp.get("format") != SNAPSHOT_FORMAT or stamp.get("generation") != generation:
-            return None
-        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r") for name in _ARRAYS}
+    except FileNotFoundError:
+        return None
     except (OSError, ValueError) as exc:
-        logger.info("graph cache %s unusable (%s); rebuilding", folder, exc)
+        logger.warning("graph cache %s unreadable (%s); rebuilding", folder, exc)
         return None
-    if arrays["indptr"].size != stamp["passages"] + stamp["entities"] + 1:
+    if not isinstance(stamp, dict) or stamp.get("format") != SNAPSHOT_FORMAT \
+            or stamp.get("generation") != generation:
+        return None  # another format or generation: stale, not damaged
+    if stamp.get("fingerprint") != fingerprint:
+        logger.warning("graph cache %s was built from other database content than %s holds now "
+                       "(same generation %d); rebuilding", folder, folder.parents[1], generation)
         return None
-    return _assemble(generation, arrays)
+    try:
+        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+                  for name in _ARRAYS}
+        problem = snapshot_problem(arrays, stamp)
+        snapshot = None if problem else _assemble(generation, arrays)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        problem = str(exc) or type(exc).__name__
+    if problem:
+        logger.warning("graph cache %s damaged (%s); rebuilding", folder, problem)
+        return None
+    return snapshot
+
+
+def snapshot_problem(arrays: dict[str, np.ndarray], stamp: dict) -> str | None:
+    """Why ``arrays`` are not the snapshot ``stamp`` describes (None when they are): dtypes and
+    sizes, per-array checksums, ascending unique ids, both CSRs' offsets and index ranges, fact
+    endpoints and edge weights."""
+    n_p, n_e, n_f = int(stamp["passages"]), int(stamp["entities"]), int(stamp["facts"])
+    sizes = {"passage_ids": n_p, "entity_ids": n_e, "indptr": n_p + n_e + 1,
+             "weights": arrays["indices"].size, "entity_passage_indptr": n_e + 1,
+             "fact_ids": n_f, "fact_subject": n_f, "fact_object": n_f}
+    for name, dtype in _DTYPES.items():
+        array = arrays[name]
+        if array.dtype != dtype or array.ndim != 1 or array.size != sizes.get(name, array.size):
+            return (f"{name}.npy holds {array.dtype} {array.shape}, expected {np.dtype(dtype)} "
+                    f"({sizes.get(name, 'any')},)")
+        if array_checksum(array) != stamp["checksums"][name]:
+            return f"{name}.npy differs from the array saved (checksum)"
+    for name in ("passage_ids", "entity_ids", "fact_ids"):
+        ids = arrays[name]
+        if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+            return f"{name}.npy is not strictly ascending"
+    for indptr, indices, n_cols in (("indptr", "indices", n_p + n_e),
+                                    ("entity_passage_indptr", "entity_passage_indices", n_p)):
+        ptr, idx = arrays[indptr], arrays[indices]
+        if ptr[0] != 0 or ptr[-1] != idx.size or bool(np.any(np.diff(ptr) < 0)):
+            return f"{indptr}.npy is not monotone from 0 to {idx.size}"
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n_cols):
+            return f"{indices}.npy has nodes outside [0, {n_cols})"
+    for name in ("fact_subject", "fact_object"):
+        ends = arrays[name]
+        if ends.size and (int(ends.min()) < -1 or int(ends.max()) >= n_e):
+            return f"{name}.npy has entity indices outside [-1, {n_e})"
+    weights = arrays["weights"]
+    if not bool(np.all(np.isfinite(weights))) or (weights.size and float(weights.min()) < 0):
+        return "weights.npy holds negative or non-finite weights"
+    return None
 
 
 def current_snapshot(store: GraphStore, previous: GraphSnapshot | None = None,
-                     generation: int | None = None) -> GraphSnapshot:
+                     generation: int | None = None,
+                     fingerprint: dict[str, int] | None = None) -> GraphSnapshot:
     """The snapshot of the store's current generation (read from ``meta`` unless given):
-    ``previous`` if still current, else the cached files, else a fresh build (saved to the cache
-    when the folder is writable)."""
+    ``previous`` if still current, else the cached files when they verify against the database's
+    ``fingerprint`` (:func:`reads.content_fingerprint` unless given), else a fresh build (saved
+    to the cache when the folder is writable)."""
     if generation is None:
         generation = store.generation
     if previous is not None and previous.generation == generation:
         return previous
+    if fingerprint is None:
+        fingerprint = reads.content_fingerprint(store)
     folder = cache_dir(store.root)
-    snapshot = load_snapshot(folder, generation)
+    snapshot = load_snapshot(folder, generation, fingerprint)
     if snapshot is not None:
         return snapshot
     snapshot = build_snapshot(store)
     try:
-        save_snapshot(snapshot, folder)
+        save_snapshot(snapshot, folder, fingerprint)
     except OSError as exc:
         logger.warning("cannot write graph cache %s (%s); keeping it in memory", folder, exc)
         return snapshot
-    return load_snapshot(folder, generation) or snapshot
+    return load_snapshot(folder, generation, fingerprint) or snapshot

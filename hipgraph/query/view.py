@@ -1,8 +1,9 @@
 """The read view: everything queries read of one index generation, shared by all threads.
 
 A :class:`ReadView` belongs to one generation. Its parts (graph snapshot, entity names, memory
-units and their times, fact validity, BM25 index) are built on first use, once, under a lock
-per part, and never change afterwards. :class:`Views` hands out the view of the current
+units and their times, fact validity, BM25 index, and the database fingerprint the snapshot and
+BM25 files on disk are checked against) are built on first use, once, under a lock per part, and
+never change afterwards. :class:`Views` hands out the view of the current
 generation and swaps in a new one when a write has bumped it; readers that hold the old view
 finish on it. Callers hold the store's shared lock (``store.lock.shared()``) for the whole read,
 so the generation, DuckDB's rows and the FAISS indexes agree while they read.
@@ -58,9 +59,15 @@ class ReadView:
             return self._parts[key]
 
     # ------------------------------------------------------------------ parts
+    def fingerprint(self) -> dict[str, int]:
+        """The database content the disk caches are checked against
+        (:func:`reads.content_fingerprint`)."""
+        return self._once("fingerprint", lambda: reads.content_fingerprint(self.store))
+
     def snapshot(self) -> GraphSnapshot:
         """The graph as CSR arrays over one node order (cached on disk per generation)."""
-        return self._once("snapshot", lambda: current_snapshot(self.store, None, self.generation))
+        return self._once("snapshot", lambda: current_snapshot(
+            self.store, None, self.generation, self.fingerprint()))
 
     def entity_names(self) -> EntityNames:
         return self._once("names", lambda: EntityNames(self.store, self.generation))
@@ -82,16 +89,22 @@ class ReadView:
         return self._once(("bm25", k1, b), lambda: self._build_bm25(k1, b))
 
     def _build_bm25(self, k1: float, b: float):
+        """The cached folder when its stamp matches this database's fingerprint and its ids are
+        the stored passage ids, else a fresh index (saved when the folder is writable)."""
         from hipgraph.query.bm25 import BM25Config, BM25Index  # noqa: PLC0415 - optional mode
 
         cfg = BM25Config(k1=k1, b=b)
         root = self.store.root / "cache" / "bm25"
         folder = root / f"g{self.generation}-k{cfg.k1:g}-b{cfg.b:g}"
+        source = {"generation": self.generation, "fingerprint": self.fingerprint()}
         if folder.exists():
             try:
-                return BM25Index.load(folder, cfg)
+                index = BM25Index.load(folder, cfg, source=source)
+                if not np.array_equal(index.ids, reads.passage_ids(self.store)):
+                    raise ValueError("its passage ids are not the stored ones")
+                return index
             except Exception as exc:  # noqa: BLE001 - a broken cache is rebuilt, never fatal
-                logger.info("bm25 cache %s unusable (%s); rebuilding", folder, exc)
+                logger.warning("bm25 cache %s unusable (%s); rebuilding", folder, exc)
         ids, texts = reads.passage_texts_for_bm25(self.store)
         index = BM25Index.build(ids, texts, cfg)
         try:
@@ -99,7 +112,7 @@ class ReadView:
                 for old in root.iterdir():
                     if not old.name.startswith(f"g{self.generation}-"):
                         shutil.rmtree(old, ignore_errors=True)
-            index.save(folder)
+            index.save(folder, source=source)
         except OSError as exc:
             logger.warning("cannot write bm25 cache %s (%s); keeping it in memory", folder, exc)
         return index

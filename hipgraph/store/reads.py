@@ -76,6 +76,29 @@ def arrow_columns(store: GraphStore, sql: str) -> list[np.ndarray]:
     return [table.column(i).to_numpy() for i in range(table.num_columns)]
 
 
+def content_fingerprint(store: GraphStore) -> dict[str, int]:
+    """Row counts and order-independent checksums of what the derived caches (graph snapshot,
+    BM25 folders) are built from, in one aggregate query. A cache stamped with another
+    fingerprint than the database's was built from other rows (an older or newer database copied
+    beside it), whatever its generation number says."""
+    row = store.con.execute("""
+        SELECT (SELECT count(*) FROM passages),
+               (SELECT coalesce(sum(hash(id, title, text_hash)), 0) FROM passages),
+               (SELECT count(*) FROM entities), (SELECT coalesce(sum(hash(id)), 0) FROM entities),
+               (SELECT count(*) FROM facts),
+               (SELECT coalesce(sum(hash(id, subject_id, object_id, kind)), 0) FROM facts),
+               (SELECT count(*) FROM edges),
+               (SELECT coalesce(sum(hash(type, src, dst, weight)), 0) FROM edges)""").fetchall()[0]
+    names = ("passages", "passage_sum", "entities", "entity_sum", "facts", "fact_sum", "edges",
+             "edge_sum")
+    return {name: int(value) for name, value in zip(names, row, strict=True)}
+
+
+def passage_ids(store: GraphStore) -> np.ndarray:
+    """Every passage id, ascending (int64)."""
+    return arrow_columns(store, "SELECT id FROM passages ORDER BY id")[0].astype(np.int64)
+
+
 def snapshot_columns(store: GraphStore) -> dict[str, list[np.ndarray]]:
     """The columns a graph snapshot is built from: passage and entity ids, mention edges,
     fact/synonym edges with weights, and the triple facts' subjects and objects."""

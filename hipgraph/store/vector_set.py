@@ -1,7 +1,9 @@
 """The three FAISS indexes of an index folder (passages, entities, facts), kept in step with DuckDB.
 
-On open each file is checked against DuckDB's vector ids (count and exact id set); a missing,
-unreadable or stale file is rebuilt from DuckDB and rewritten. Updates after a commit are applied
+On open each file is checked against DuckDB's vector ids (count and exact id set) and spot-checked
+against DuckDB's vectors (:data:`SPOT_CHECKS` ids spread over the id range, read back from FAISS,
+and a search of them); a missing, unreadable, stale or damaged file is rebuilt from DuckDB and
+rewritten. Updates after a commit are applied
 in memory and saved atomically.
 """
 
@@ -20,6 +22,8 @@ from hipgraph.store.schema import VECTOR_KINDS
 from hipgraph.store.vectors import FaissVectorIndex
 
 logger = logging.getLogger(__name__)
+
+SPOT_CHECKS = 8  # stored vectors compared with DuckDB's on open, per kind
 
 
 def faiss_path(root: Path, kind: str) -> Path:
@@ -67,6 +71,8 @@ class VectorSet:
                     reason = f"stale ({index.ntotal} vectors in FAISS, {len(db_ids)} in DuckDB)"
                 elif not np.array_equal(index.ids(), db_ids):
                     reason = "stale (id sets differ)"
+                elif problem := self._spot_check(kind, index, db_ids):
+                    reason = f"damaged ({problem})"
                 else:
                     trained_on = self.store.meta_get(trained_on_key(kind))
                     if index.layout == "ivf" and trained_on:
@@ -81,6 +87,15 @@ class VectorSet:
         if not self.store.read_only:
             self._save(kind, index)
         return index
+
+    def _spot_check(self, kind: str, index: FaissVectorIndex, db_ids: np.ndarray) -> str | None:
+        """:meth:`FaissVectorIndex.spot_check` on up to :data:`SPOT_CHECKS` ids evenly spread
+        over ``db_ids`` (the same ones every open)."""
+        if len(db_ids) == 0:
+            return None
+        picks = np.unique(np.linspace(0, len(db_ids) - 1, min(SPOT_CHECKS, len(db_ids))).round())
+        ids, vectors = self.store.read_vectors(kind, db_ids[picks.astype(np.int64)])
+        return index.spot_check(ids, vectors)
 
     def _rebuild(self, kind: str) -> FaissVectorIndex:
         """A new index of ``kind`` from DuckDB, streamed in chunks (never all vectors at once)."""

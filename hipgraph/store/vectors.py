@@ -1,7 +1,8 @@
 """FAISS vector indexes whose ids are the DuckDB ids, saved atomically beside the database.
 
-DuckDB's ``*_vectors`` tables are the source of truth: a FAISS file that is missing, unreadable or
-holds another id set than DuckDB (stale after a crash between commit and save) is rebuilt from them.
+DuckDB's ``*_vectors`` tables are the source of truth: a FAISS file that is missing, unreadable,
+holds another id set than DuckDB (stale after a crash between commit and save) or fails the spot
+check of :meth:`FaissVectorIndex.spot_check` (damaged codes) is rebuilt from them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hipgraph.errors import BackendUnavailableError, StoreError
 
 logger = logging.getLogger(__name__)
 
+SCORE_TOLERANCE = {True: 0.05, False: 1e-3}  # a unit vector's best score: 1 +- this (quantised?)
 RANGE_BATCH = 4096  # query rows per FAISS range search (synonym kNN of a batch's new entities)
 
 
@@ -144,6 +146,54 @@ class FaissVectorIndex:
     def ids(self) -> np.ndarray:
         """The ids held, sorted."""
         return np.sort(self._faiss.vector_to_array(self._index.id_map).astype(np.int64))
+
+    def spot_check(self, ids: np.ndarray, vectors: np.ndarray) -> str | None:
+        """Why this index does not hold ``vectors`` (DuckDB's rows) under ``ids``, or None.
+
+        Each vector is read back from the stored codes and must equal DuckDB's (for 8-bit codes:
+        DuckDB's vector encoded and decoded by this index); the unit ones are searched: the best
+        score must be finite and about 1 (at most about 1 on HNSW, whose search is approximate),
+        which a damaged vector elsewhere in the file (huge or NaN scores) breaks."""
+        if len(ids) == 0:
+            return None
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        quantised = isinstance(self._inner, self._faiss.IndexIVFScalarQuantizer)
+        try:
+            stored = self._stored_vectors(np.asarray(ids, np.int64), vectors)
+            unit = np.abs(np.einsum("ij,ij->i", vectors, vectors) - 1.0) < 1e-3
+            top = self._index.search(vectors[unit], 1)[0][:, 0] if unit.any() else np.ones(0)
+        except RuntimeError as exc:
+            return f"FAISS cannot read its vectors back ({exc})"
+        expected = self._inner.sa_decode(self._inner.sa_encode(vectors)) if quantised else vectors
+        with np.errstate(invalid="ignore", over="ignore"):  # damaged codes may decode to inf/NaN
+            error = np.max(np.abs(stored - expected), axis=1)
+        bad = ~(error <= 1e-5)
+        if bad.any():
+            return f"vector {int(ids[np.argmax(bad)])} differs from DuckDB's (by {error[bad][0]:.3g})"
+        tol = SCORE_TOLERANCE[quantised]
+        ok = np.isfinite(top) & (top <= 1 + tol) & ((top >= 1 - tol) | (self.layout == "hnsw"))
+        if not ok.all():
+            return f"a stored vector's best match scores {top[~ok][0]:.3g}, not about 1"
+        return None
+
+    def _stored_vectors(self, ids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+        """The vectors stored under ``ids`` (NaN rows where not found). Flat and HNSW storage are
+        read by id; IVF lists (no direct map) by searching DuckDB's copy, whose own list is probed
+        first, and keeping the hit with the id. When it is missing because every hit ties (more
+        identical copies than hits), the best hit (an identical copy) stands in."""
+        if self.layout != "ivf":
+            return np.stack([self._index.reconstruct(int(i)) for i in ids])
+        scores, labels, found = self._inner.search_and_reconstruct(vectors, min(self.ntotal, 16))
+        id_map = self._faiss.vector_to_array(self._index.id_map).astype(np.int64)
+        out = np.full_like(vectors, np.nan)
+        for row, want in enumerate(ids):
+            hit = labels[row] >= 0
+            exact = np.flatnonzero(id_map[labels[row][hit]] == want)
+            if exact.size:
+                out[row] = found[row][hit][exact[0]]
+            elif hit.all() and scores[row, -1] >= scores[row, 0] and labels.shape[1] < self.ntotal:
+                out[row] = found[row][0]
+        return out
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` ``(scores, ids)`` per query row; missing slots have id -1 and score -inf."""

@@ -62,6 +62,10 @@ class ReadView:
         """The graph as CSR arrays over one node order (cached on disk per generation)."""
         return self._once("snapshot", lambda: current_snapshot(self.store, None, self.generation))
 
+    def passage_count(self) -> int:
+        """How many passages this generation holds (one DuckDB count; builds no snapshot)."""
+        return self._once("passage_count", lambda: reads.passage_count(self.store))
+
     def entity_names(self) -> EntityNames:
         return self._once("names", lambda: EntityNames(self.store, self.generation))
 

@@ -58,10 +58,11 @@ def test_decompose_and_expand_entry_points_clamp_k(inline_index):
     hg = inline_index
     n = hg.stats()["passages"]
     for run in (hg.decompose, hg.expand):
-        at_n = [h.to_dict() for h in run(MULTIHOP_QUESTION, k=n).hits]
-        got, peak = _peak(lambda run=run: run(MULTIHOP_QUESTION, k=10**12))
-        assert [h.to_dict() for h in got.hits] == at_n and at_n
-        assert peak < PEAK_BYTES, (run.__name__, peak)
+        for question in (MULTIHOP_QUESTION, UNMATCHED):  # graph ranking; dense fallback
+            at_n = [h.to_dict() for h in run(question, k=n).hits]
+            got, peak = _peak(lambda run=run, question=question: run(question, k=10**12))
+            assert [h.to_dict() for h in got.hits] == at_n and at_n
+            assert peak < PEAK_BYTES, (run.__name__, question, peak)
 
 
 def test_conversation_memory_clamps_k_and_its_candidates(make_index):

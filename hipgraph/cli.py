@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hipgraph.errors import HipgraphError, InputError, SessionConfigError
+from hipgraph.errors import ConfigError, HipgraphError, InputError
 
 logger = logging.getLogger("hipgraph.cli")
 
@@ -582,12 +582,15 @@ def _setup_logging(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Exit status: 0 done; 2 a usage error (bad arguments, input files or
+    request: empty question, ``k < 1``, a question over the length limit), one line on stderr;
+    1 any other hipgraph error (no index, index locked, a backend failed); 130 interrupted."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args)
     try:
         return int(args.func(args) or 0)
-    except (InputError, SessionConfigError) as exc:  # usage: flags or input to fix
+    except (InputError, ConfigError) as exc:  # the user's input or options: a usage error
         print(f"hipgraph: error: {exc}", file=sys.stderr)
         return 2
     except HipgraphError as exc:

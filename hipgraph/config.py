@@ -380,6 +380,11 @@ class RetrievalConfig:
     decompose: DecomposeConfig = field(default_factory=DecomposeConfig)
     expand: ExpandConfig = field(default_factory=ExpandConfig)
     llm: ChatConfig | None = None  # for the graph mode's fact filter; None = no LLM calls
+    # longest question accepted (characters); a longer one is a ConfigError, never truncated.
+    # Real questions are far shorter (the longest in the shipped and shared bundles: 224), the
+    # embedder reads only ~1,000 characters (MiniLM: 256 tokens), and spaCy's linking and the
+    # decompose/expand steps grow with the text (a 100 KB question took 17-24 s).
+    max_question_chars: int = 4000
 
     def __post_init__(self) -> None:
         _check(self.bm25_k1 > 0 and 0 <= self.bm25_b <= 1, "bm25_k1 must be > 0 and bm25_b in [0, 1]")
@@ -387,6 +392,9 @@ class RetrievalConfig:
         _check(self.time_mode in {"boost", "filter", "off"},
                f"time_mode must be boost|filter|off, got {self.time_mode!r}")
         _check(self.memory_candidates >= 1, "memory_candidates must be >= 1")
+        _check(isinstance(self.max_question_chars, int) and not isinstance(self.max_question_chars, bool)
+               and self.max_question_chars >= 1,
+               f"max_question_chars must be an integer >= 1, got {self.max_question_chars!r}")
         _check(0.0 <= self.stale_fact_weight <= 1.0, "stale_fact_weight must be in [0, 1]")
         _check(bool(self.hybrid_modes) and set(self.hybrid_modes) <= {"graph", "dense", "bm25"},
                f"hybrid_modes must be a non-empty subset of graph, dense, bm25: {self.hybrid_modes}")

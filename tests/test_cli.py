@@ -91,7 +91,7 @@ def test_index_bundle_then_stats_query_and_eval(tmp_path, sample_docs):
     assert hits[0]["score"] >= hits[1]["score"] >= hits[2]["score"]
     assert hits[0]["doc_id"] == "6" and hits[0]["title"] == "Journal of Psychotherapy Integration"
     bad_k = run_cli("query", "--db", str(db), "-k", "0", "anything")
-    assert bad_k.returncode == 1 and "k must be an integer >= 1" in bad_k.stderr
+    assert bad_k.returncode == 2 and "k must be an integer >= 1" in bad_k.stderr  # a usage error
 
     ev = _json_out(run_cli("eval", "--db", str(db), str(bundle), "--json", "--k", "2,5"))
     assert ev["questions"] == 1 and [r["mode"] for r in ev["results"]] == ["graph", "dense", "bm25"]

@@ -47,8 +47,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["MODES", "RANKERS", "Query", "Retriever", "validate_request"]
 
 
-def validate_request(questions: Sequence[str], k: int, mode: str) -> None:
-    """Errors for bad retrieval input, naming the offending value."""
+def validate_request(questions: Sequence[str], k: int, mode: str,
+                     max_question_chars: int = RetrievalConfig.max_question_chars) -> None:
+    """Errors for bad retrieval input, naming the offending value (a question longer than
+    ``max_question_chars`` is refused, never truncated)."""
     if isinstance(questions, str):
         raise ConfigError("retrieve_many takes a list of questions, not one string")
     if mode not in RANKERS:
@@ -59,6 +61,16 @@ def validate_request(questions: Sequence[str], k: int, mode: str) -> None:
         if not isinstance(q, str) or not q.strip():
             raise ConfigError(f"question {i} is empty" if isinstance(q, str)
                               else f"question {i} is not a string: {type(q).__name__}")
+        if len(q) > max_question_chars:
+            raise ConfigError(f"question {i} is {len(q)} characters long, over the limit of "
+                              f"{max_question_chars} (RetrievalConfig.max_question_chars)")
+
+
+def _within_index(view: ReadView, k: int) -> int:
+    """``k`` clamped to the passages ``view`` holds (at least 1): no ranking can be longer, and
+    no search or array is sized by a request's ``k`` (``k = 10**9`` on ten passages costs what
+    ``k = 10`` does)."""
+    return max(1, min(int(k), view.passage_count()))
 
 
 _BLAS_LOCK = threading.Lock()
@@ -237,14 +249,15 @@ class Retriever:
     def retrieve_many(self, questions: Sequence[str], k: int, mode: str,
                       config: RetrievalConfig | None = None, question_dates: Sequence[Any] | None = None,
                       as_of: Any = None) -> list[list[Hit]]:
-        validate_request(questions, k, mode)
+        cfg = config or self.config
+        validate_request(questions, k, mode, cfg.max_question_chars)
         questions = list(questions)
         if not questions:
             return []
-        cfg = config or self.config
         dates = parse_question_dates(question_dates, len(questions), parse_time)
         as_of_t = parse_time(as_of, where="as_of") if as_of is not None else None
         with self.reading() as view:
+            k = _within_index(view, k)
             units, times = view.memory_units()
             if not times:
                 return to_hits(view, RANKERS[mode](self.query(view, cfg), questions, k), k, units)
@@ -253,7 +266,8 @@ class Retriever:
             when = [(as_of_t, asks_about_past(q, span, d or as_of_t))
                     for q, span, d in zip(questions, spans, dates, strict=True)]
             query = self.query(view, cfg, when)
-            rankings = RANKERS[mode](query, questions, max(k, cfg.memory_candidates))
+            depth = _within_index(view, max(k, cfg.memory_candidates))
+            rankings = RANKERS[mode](query, questions, depth)
             self._event_spans(query, questions, spans, times)
             rankings = [apply_time(r, times, span, as_of_t, cfg.time_mode)
                         for r, span in zip(rankings, spans, strict=True)]
@@ -262,9 +276,11 @@ class Retriever:
     def decompose_many(self, questions: Sequence[str], k: int,
                        config: RetrievalConfig | None = None) -> list[DecomposedRetrieval]:
         """Decomposed constraint retrieval with its trace; ``hits`` hold the top ``k``."""
-        validate_request(questions, k, "decompose")
+        cfg = config or self.config
+        validate_request(questions, k, "decompose", cfg.max_question_chars)
         with self.reading() as view:
-            query = self.query(view, config or self.config)
+            k = _within_index(view, k)
+            query = self.query(view, cfg)
             results = self.run_decompose(query, list(questions), k)
             hits = to_hits(view, [r.ranking for r in results], k, view.memory_units()[0])
         for r, h in zip(results, hits, strict=True):
@@ -275,9 +291,11 @@ class Retriever:
                     config: RetrievalConfig | None = None) -> list[Expansion]:
         """Dynamic KG expansion: per question the verified subgraph and the passages supporting it
         (``hits``, top ``k``). It only reads; persisting new facts is the indexer's job."""
-        validate_request(questions, k, "expand")
+        cfg = config or self.config
+        validate_request(questions, k, "expand", cfg.max_question_chars)
         with self.reading() as view:
-            query = self.query(view, config or self.config)
+            k = _within_index(view, k)
+            query = self.query(view, cfg)
             results = self.run_expand(query, list(questions), k)
             hits = to_hits(view, [r.ranking for r in results], k, view.memory_units()[0])
         for r, h in zip(results, hits, strict=True):

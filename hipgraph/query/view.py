@@ -69,6 +69,10 @@ class ReadView:
         return self._once("snapshot", lambda: current_snapshot(
             self.store, None, self.generation, self.fingerprint()))
 
+    def passage_count(self) -> int:
+        """How many passages this generation holds (one DuckDB count; builds no snapshot)."""
+        return self._once("passage_count", lambda: reads.passage_count(self.store))
+
     def entity_names(self) -> EntityNames:
         return self._once("names", lambda: EntityNames(self.store, self.generation))
 

@@ -27,6 +27,11 @@ def passage_rows(store: GraphStore, passage_ids: Iterable[int]) -> dict[int, tup
     return {int(pid): (key, title, text) for pid, key, title, text in rows}
 
 
+def passage_count(store: GraphStore) -> int:
+    """How many passages are stored."""
+    return int(store.con.execute("SELECT count(*) FROM passages").fetchall()[0][0])
+
+
 def passage_texts_for_bm25(store: GraphStore) -> tuple[np.ndarray, list[str]]:
     """Every passage id (ascending) with its ``title + "\\n" + text`` (the text alone untitled)."""
     rows = store.con.execute("SELECT id, title, text FROM passages ORDER BY id").fetchall()

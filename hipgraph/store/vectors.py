@@ -196,22 +196,21 @@ class FaissVectorIndex:
         return out
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` ``(scores, ids)`` per query row; missing slots have id -1 and score -inf."""
+        """Top-``k`` ``(scores, ids)`` per query row, ``min(k, ntotal)`` columns: never more than
+        the index holds (none when it is empty), so a huge ``k`` costs nothing extra. Slots an
+        approximate layout (ivf, hnsw) could not fill have id -1 and score -inf."""
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
-        if self.ntotal == 0 or k <= 0:
+        width = min(max(int(k), 0), self.ntotal)
+        if width == 0:
             n = queries.shape[0]
-            return np.full((n, max(k, 0)), -np.inf, np.float32), np.full((n, max(k, 0)), -1, np.int64)
+            return np.zeros((n, 0), np.float32), np.zeros((n, 0), np.int64)
         index = self._search_index()
         if index is self._index:  # concurrent CPU searches are safe in FAISS
-            scores, ids = index.search(queries, min(k, self.ntotal))
+            scores, ids = index.search(queries, width)
         else:
             with self._gpu_lock:
-                scores, ids = index.search(queries, min(k, self.ntotal))
+                scores, ids = index.search(queries, width)
         scores = np.where(ids < 0, -np.inf, scores).astype(np.float32)
-        if ids.shape[1] < k:  # pad to k columns
-            pad = k - ids.shape[1]
-            scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
-            ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=-1)
         return scores, ids.astype(np.int64)
 
     def range_search(self, queries: np.ndarray, threshold: float) -> list[tuple[np.ndarray, np.ndarray]]:

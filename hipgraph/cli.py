@@ -15,93 +15,32 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hipgraph.cli_options import (
+    add_db,
+    add_embedder,
+    add_llm,
+    add_output,
+    add_retrieval,
+    extractor_config,
+    generator_config,
+    new_index_config,
+    retrieval_config,
+    session_embedder,
+)
 from hipgraph.errors import ConfigError, HipgraphError, InputError
 
 logger = logging.getLogger("hipgraph.cli")
 
 
 # ---------------------------------------------------------------------- argument groups
-def _add_db(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", required=True, type=Path, help="index folder (graph.duckdb + FAISS files)")
-
-
-def _add_output(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("output")
-    group.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
-    group.add_argument("-q", "--quiet", action="store_true", help="no progress bars or log messages")
-    group.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
-
-
-def _add_llm(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("LLM endpoint (OpenAI-compatible)")
-    group.add_argument("--llm-base-url", default=os.environ.get("HIPGRAPH_LLM_BASE_URL"),
-                       help="e.g. http://127.0.0.1:8000/v1 (env HIPGRAPH_LLM_BASE_URL)")
-    group.add_argument("--llm-model", default=os.environ.get("HIPGRAPH_LLM_MODEL"),
-                       help="model name (env HIPGRAPH_LLM_MODEL)")
-    group.add_argument("--llm-api-key-env", default="OPENAI_API_KEY",
-                       help="environment variable holding the API key (unset: no key)")
-    group.add_argument("--llm-concurrency", type=int, default=8, help="parallel requests")
-
-
-def _add_embedder(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group(
-        "embedder endpoint (an index folder never supplies it: needed by every command on an index "
-        "built with the openai embedder)")
-    group.add_argument("--embedder", choices=("minilm", "openai"), default=None,
-                       help="openai: any OpenAI-compatible /v1/embeddings endpoint (default: the "
-                            "index's own, MiniLM for a new one)")
-    group.add_argument("--embed-base-url", default=None, help="openai embedder endpoint")
-    group.add_argument("--embed-model", default=None, help="openai embedder model")
-    group.add_argument("--embed-api-key-env", default="OPENAI_API_KEY",
-                       help="environment variable holding the embedder's API key (unset: no key)")
-
-
-def _session_embedder(args: argparse.Namespace):
-    """The embedder config the flags give (``--embedder openai``), else None (the index's own)."""
-    from hipgraph.config import EmbedderConfig  # noqa: PLC0415
-
-    if args.embedder != "openai" and not args.embed_base_url:
-        return None
-    if not args.embed_base_url or not args.embed_model:
-        raise InputError("--embedder openai needs --embed-base-url and --embed-model")
-    return EmbedderConfig(name="openai", base_url=args.embed_base_url, model=args.embed_model,
-                          api_key_env=args.embed_api_key_env)
-
-
-def _add_retrieval(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("retrieval")
-    group.add_argument("--fact-filter", action="store_true",
-                       help="graph mode: let the LLM (--llm-base-url/--llm-model) keep the relevant facts")
-    group.add_argument("--llm-steps", action="store_true",
-                       help="decompose/expand modes: let the LLM decompose the question, read each "
-                            "step's passages for its bridge, rewrite weak steps and propose facts")
-    _add_llm(parser)
-
-
-def _retrieval_config(args: argparse.Namespace):
-    from hipgraph.config import ChatConfig, RetrievalConfig  # noqa: PLC0415
-
-    if not args.fact_filter and not args.llm_steps:
-        return None
-    flag = "--fact-filter" if args.fact_filter else "--llm-steps"
-    if not args.llm_base_url or not args.llm_model:
-        raise InputError(f"{flag} needs --llm-base-url and --llm-model")
-    config = RetrievalConfig(llm=ChatConfig(base_url=args.llm_base_url, model=args.llm_model,
-                                            api_key_env=args.llm_api_key_env,
-                                            max_concurrency=args.llm_concurrency))
-    if not args.fact_filter:
-        config = config.replace(graph=dataclasses.replace(config.graph, fact_filter=False))
-    return config
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hipgraph", description="Graph-based retrieval engine.")
     parser.add_argument("--version", action="version", version=f"hipgraph {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("index", help="index documents into an index folder (created if absent)")
-    _add_db(p)
-    _add_embedder(p)
+    add_db(p)
+    add_embedder(p)
     p.add_argument("inputs", nargs="+", help="JSON (list or bundle with 'corpus'), JSONL, .txt/.md files or folders")
     p.add_argument("--format", dest="fmt", choices=("documents", "conversation", "locomo", "longmemeval"),
                    default="documents",
@@ -129,13 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "writes); ray: CPUs of the local cluster started when --ray-address is not given")
     p.add_argument("--ray-address", default=None, help="ray: address of a running cluster (e.g. ray://host:10001)")
     p.add_argument("--limit", type=int, default=None, help="index only the first N records")
-    _add_llm(p)
-    _add_output(p)
+    add_llm(p)
+    add_output(p)
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("query", help="retrieve passages for a question")
-    _add_db(p)
-    _add_embedder(p)
+    add_db(p)
+    add_embedder(p)
     p.add_argument("question")
     p.add_argument("-k", type=int, default=5)
     p.add_argument("--mode", default="graph", choices=_modes(),
@@ -157,14 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "--llm-model PATH, a folder or .gguf; default the packaged SmolLM2) "
                             "or none (print the cited context)")
     group.add_argument("--context-tokens", type=int, default=2000, help="context budget in tokens")
-    _add_retrieval(p)
-    _add_output(p)
+    add_retrieval(p)
+    add_output(p)
     p.set_defaults(func=cmd_query)
 
     p = sub.add_parser("eval", help="retrieval recall@k per mode on a QA bundle (indexes its corpus "
                                     "when the index is empty, with ids str(idx))")
-    _add_db(p)
-    _add_embedder(p)
+    add_db(p)
+    add_embedder(p)
     p.add_argument("bundle", type=Path, help="bundle JSON with 'questions' (gold_idx) and 'corpus'; "
                                              "or a conversation file with --format")
     p.add_argument("--format", dest="fmt", choices=("bundle", "locomo", "longmemeval"), default="bundle",
@@ -184,14 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--generator", choices=("openai", "local"), default="openai")
     group.add_argument("--context-tokens", type=int, default=2000)
     group.add_argument("--answer-k", type=int, default=5, help="passages handed to the generator")
-    _add_retrieval(p)
-    _add_output(p)
+    add_retrieval(p)
+    add_output(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("stats", help="counts of documents, passages, entities, facts, edges")
-    _add_db(p)
-    _add_embedder(p)
-    _add_output(p)
+    add_db(p)
+    add_embedder(p)
+    add_output(p)
     p.set_defaults(func=cmd_stats)
     return parser
 
@@ -216,45 +155,6 @@ def _progress_bar(total: int, quiet: bool, desc: str):
                 dynamic_ncols=True, smoothing=0.1)
 
 
-def _extractor_config(args: argparse.Namespace):
-    from hipgraph.config import ChatConfig, ExtractorConfig  # noqa: PLC0415
-
-    if args.extractor is None:
-        return None
-    name, _, arg = args.extractor.partition(":")
-    if name == "spacy":
-        return ExtractorConfig(name="spacy")
-    if name == "precomputed":
-        if not arg:
-            raise InputError("--extractor precomputed needs a file: precomputed:FILE")
-        return ExtractorConfig(name="precomputed", precomputed_path=str(Path(arg).resolve()))
-    if name == "llm":
-        if not args.llm_base_url or not args.llm_model:
-            raise InputError("--extractor llm needs --llm-base-url and --llm-model")
-        chat = ChatConfig(base_url=args.llm_base_url, model=args.llm_model,
-                          api_key_env=args.llm_api_key_env, max_concurrency=args.llm_concurrency)
-        return ExtractorConfig(name="llm", chat=chat)
-    raise InputError(f"unknown extractor {args.extractor!r} (spacy | llm | precomputed:FILE)")
-
-
-def _new_index_config(args: argparse.Namespace):
-    from hipgraph.config import ChunkConfig, IndexConfig, VectorIndexConfig  # noqa: PLC0415
-
-    config = IndexConfig()
-    changes: dict[str, Any] = {}
-    if args.chunk_tokens or args.chunk_overlap is not None:
-        changes["chunk"] = ChunkConfig(max_tokens=args.chunk_tokens or config.chunk.max_tokens,
-                                       overlap=config.chunk.overlap if args.chunk_overlap is None else args.chunk_overlap)
-    if args.vector_index:
-        changes["vectors"] = VectorIndexConfig(kind=args.vector_index)
-    embedder = _session_embedder(args)
-    if embedder is not None:
-        changes["embedder"] = embedder
-    if args.batch_size:
-        changes["batch_size"] = args.batch_size
-    return config.replace(**changes) if changes else config
-
-
 def cmd_index(args: argparse.Namespace) -> int:
     import hipgraph  # noqa: PLC0415
     from hipgraph.indexers.documents import SkippedRecord, to_document  # noqa: PLC0415
@@ -273,14 +173,14 @@ def cmd_index(args: argparse.Namespace) -> int:
         total += 1  # so bad input writes nothing (and the corpus is never held in memory)
         with contextlib.suppress(SkippedRecord):  # counted and reported by add_documents
             to_document(record, where=record["_where"])
-    extractor = _extractor_config(args)
+    extractor = extractor_config(args)
     from hipgraph.store.database import GraphStore  # noqa: PLC0415
 
     exists = GraphStore.has_index(args.db)
-    config = None if exists else _new_index_config(args)
+    config = None if exists else new_index_config(args)
     t0 = time.perf_counter()
     with (hipgraph.open(args.db, create=True, config=config, extractor=extractor,
-                        embedder=_session_embedder(args)) as hg,
+                        embedder=session_embedder(args)) as hg,
           _progress_bar(total, args.quiet, "indexing") as bar):
         report = hg.add_documents(records(), progress=bar.update, batch_size=args.batch_size, **run)
         stats = hg.stats()
@@ -319,10 +219,10 @@ def _index_conversations(args: argparse.Namespace) -> int:
         convs.extend(read_conversation_file(Path(name), args.fmt)[0])
     if args.limit is not None:
         convs = convs[: args.limit]
-    config = None if GraphStore.has_index(args.db) else _new_index_config(args)
+    config = None if GraphStore.has_index(args.db) else new_index_config(args)
     t0 = time.perf_counter()
-    with hipgraph.open(args.db, create=True, config=config, extractor=_extractor_config(args),
-                       embedder=_session_embedder(args)) as hg:
+    with hipgraph.open(args.db, create=True, config=config, extractor=extractor_config(args),
+                       embedder=session_embedder(args)) as hg:
         conv_cfg = hg.config.conversation
         if args.granularity:
             conv_cfg = dataclasses.replace(conv_cfg, granularity=args.granularity)
@@ -352,28 +252,13 @@ def _index_conversations(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generator_config(args: argparse.Namespace):
-    from hipgraph.config import ChatConfig, GeneratorConfig  # noqa: PLC0415
-
-    if args.generator == "none":
-        return GeneratorConfig(name="none", context_tokens=args.context_tokens)
-    if args.generator == "local":
-        return GeneratorConfig(name="local", model_path=args.llm_model, context_tokens=args.context_tokens)
-    if not args.llm_base_url or not args.llm_model:
-        raise InputError("--answer --generator openai needs --llm-base-url and --llm-model "
-                         "(or HIPGRAPH_LLM_BASE_URL / HIPGRAPH_LLM_MODEL)")
-    chat = ChatConfig(base_url=args.llm_base_url, model=args.llm_model,
-                      api_key_env=args.llm_api_key_env, max_concurrency=args.llm_concurrency)
-    return GeneratorConfig(name="openai", chat=chat, context_tokens=args.context_tokens)
-
-
 def cmd_query(args: argparse.Namespace) -> int:
     import hipgraph  # noqa: PLC0415
 
-    config = _retrieval_config(args)
+    config = retrieval_config(args)
     if args.answer:
-        generator = _generator_config(args)
-        with hipgraph.open(args.db, read_only=True, embedder=_session_embedder(args)) as hg:
+        generator = generator_config(args)
+        with hipgraph.open(args.db, read_only=True, embedder=session_embedder(args)) as hg:
             answer = hg.answer(args.question, k=args.k, mode=args.mode, generator=generator,
                                config=config)
         if args.json:
@@ -389,7 +274,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.persist and args.mode != "expand":
         raise InputError("--persist applies to --mode expand only")
     extra: dict[str, Any] = {}
-    with hipgraph.open(args.db, read_only=not args.persist, embedder=_session_embedder(args)) as hg:
+    with hipgraph.open(args.db, read_only=not args.persist, embedder=session_embedder(args)) as hg:
         if args.mode == "decompose":
             result = hg.decompose(args.question, k=args.k, config=config)
             hits, extra["trace"] = result.hits, result.trace()
@@ -445,8 +330,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return _eval_memory(args)
     bundle = load_bundle(args.bundle)
     cutoffs = _cutoffs(args.k)
-    config = _retrieval_config(args)
-    generator = _generator_config(args) if args.qa else None
+    config = retrieval_config(args)
+    generator = generator_config(args) if args.qa else None
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in _modes()]
     if unknown or not modes:
@@ -459,10 +344,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
                              source=str(args.bundle))
         records = [{"id": str(c.get("idx", i)), "title": c.get("title", ""), "text": c.get("text", ""),
                     "_where": f"{args.bundle}: corpus[{i}]"} for i, c in enumerate(corpus)]
-        with hipgraph.open(args.db, create=True, embedder=_session_embedder(args)) as hg, \
+        with hipgraph.open(args.db, create=True, embedder=session_embedder(args)) as hg, \
                 _progress_bar(len(records), args.quiet, "indexing") as bar:
             hg.add_documents(records, progress=bar.update)
-    with hipgraph.open(args.db, read_only=True, embedder=_session_embedder(args)) as hg:
+    with hipgraph.open(args.db, read_only=True, embedder=session_embedder(args)) as hg:
         results = evaluate(hg, questions, modes, cutoffs, config=config, generator=generator,
                            answer_k=args.answer_k)
     scored = [q for q in questions if q.get("gold_idx")]
@@ -512,9 +397,9 @@ def _eval_memory(args: argparse.Namespace) -> int:
     if unknown or not modes:
         raise InputError(f"unknown mode(s) {unknown or modes}; available: {', '.join(_modes())}")
     with _progress_bar(len(questions), args.quiet, "questions") as bar:
-        generator = _generator_config(args) if args.qa else None
+        generator = generator_config(args) if args.qa else None
         results, index_seconds = evaluate_memory(args.db, convs, questions, modes, cutoffs,
-                                                 config=_retrieval_config(args), progress=bar.update,
+                                                 config=retrieval_config(args), progress=bar.update,
                                                  generator=generator, answer_k=args.answer_k)
     out = {"file": str(args.bundle), "questions": len(questions), "index_seconds": index_seconds,
            "results": [r.to_dict() for r in results]}
@@ -549,7 +434,7 @@ def _is_empty(db: Path) -> bool:
 def cmd_stats(args: argparse.Namespace) -> int:
     import hipgraph  # noqa: PLC0415
 
-    with hipgraph.open(args.db, read_only=True, embedder=_session_embedder(args)) as hg:
+    with hipgraph.open(args.db, read_only=True, embedder=session_embedder(args)) as hg:
         stats = hg.stats()
     if args.json:
         print(json.dumps(stats, indent=2))

@@ -22,6 +22,7 @@ from hipgraph.config import IndexConfig
 from hipgraph.indexers.graph_update import Removed, refresh_entities, update_synonyms
 from hipgraph.models.base import Embedder
 from hipgraph.store.database import GraphStore
+from hipgraph.store.reads import fact_ids_by_key
 from hipgraph.store.vector_set import VectorSet
 from hipgraph.text.facts import fact_text
 from hipgraph.text.normalize import clean_surface
@@ -55,7 +56,9 @@ def persist_facts(store: GraphStore, vectors: VectorSet, embedder: Embedder,
         ids = {name: int(i) for i, name in store.con.execute(
             "SELECT id, name FROM entities WHERE name IN (SELECT unnest(?::VARCHAR[]))", [names]).fetchall()}
         new_names = [n for n in names if n not in ids]
-        existing = _stored_keys(store, facts, ids)  # stored meanwhile (same batch, earlier call)
+        # stored meanwhile (same batch, earlier call)
+        existing = fact_ids_by_key(store, [(ids[f.subject], f.relation, ids[f.object]) for f in facts
+                                           if f.subject in ids and f.object in ids])
         vecs = embedder.embed([fact_text(*f.key) for f in facts] + new_names)
         fvecs, nvecs = vecs[: len(facts)], vecs[len(facts):]
         new_ids = store.allocate_ids("entity", len(new_names))
@@ -97,25 +100,6 @@ def persist_facts(store: GraphStore, vectors: VectorSet, embedder: Embedder,
     report.written = {f.key for f, _ in write}
     report.new_entities = len(new_names)
     return report
-
-
-def _stored_keys(store: GraphStore, facts: Sequence[LearnedFact], ids: dict[str, int]
-                 ) -> dict[tuple[int, str, int], int]:
-    """Fact ids of the triples among ``facts`` that the index already holds."""
-    known = [f for f in facts if f.subject in ids and f.object in ids]
-    if not known:
-        return {}
-    store.con.register("_learned_facts", pa.table({
-        "s": pa.array([ids[f.subject] for f in known], pa.int64()),
-        "r": pa.array([f.relation for f in known], pa.string()),
-        "o": pa.array([ids[f.object] for f in known], pa.int64())}))
-    try:
-        rows = store.con.execute(
-            "SELECT f.subject_id, f.relation, f.object_id, f.id FROM facts f JOIN _learned_facts k "
-            "ON f.subject_id = k.s AND f.relation = k.r AND f.object_id = k.o").fetchall()
-    finally:
-        store.unregister("_learned_facts")
-    return {(int(s), r, int(o)): int(i) for s, r, o, i in rows}
 
 
 def _add_mentions(store: GraphStore, facts: Sequence[LearnedFact], ids: dict[str, int]) -> None:

@@ -276,27 +276,22 @@ class Retriever:
     def decompose_many(self, questions: Sequence[str], k: int,
                        config: RetrievalConfig | None = None) -> list[DecomposedRetrieval]:
         """Decomposed constraint retrieval with its trace; ``hits`` hold the top ``k``."""
-        cfg = config or self.config
-        validate_request(questions, k, "decompose", cfg.max_question_chars)
-        with self.reading() as view:
-            k = _within_index(view, k)
-            query = self.query(view, cfg)
-            results = self.run_decompose(query, list(questions), k)
-            hits = to_hits(view, [r.ranking for r in results], k, view.memory_units()[0])
-        for r, h in zip(results, hits, strict=True):
-            r.hits = h
-        return results
+        return self._traced(questions, k, config, "decompose", self.run_decompose)
 
     def expand_many(self, questions: Sequence[str], k: int,
                     config: RetrievalConfig | None = None) -> list[Expansion]:
         """Dynamic KG expansion: per question the verified subgraph and the passages supporting it
         (``hits``, top ``k``). It only reads; persisting new facts is the indexer's job."""
+        return self._traced(questions, k, config, "expand", self.run_expand)
+
+    def _traced(self, questions: Sequence[str], k: int, config: RetrievalConfig | None, mode: str,
+                run: Callable[[Query, list[str], int], list[Any]]) -> list[Any]:
+        """A mode's full results (with their traces), each given its top ``k`` as ``hits``."""
         cfg = config or self.config
-        validate_request(questions, k, "expand", cfg.max_question_chars)
+        validate_request(questions, k, mode, cfg.max_question_chars)
         with self.reading() as view:
             k = _within_index(view, k)
-            query = self.query(view, cfg)
-            results = self.run_expand(query, list(questions), k)
+            results = run(self.query(view, cfg), list(questions), k)
             hits = to_hits(view, [r.ranking for r in results], k, view.memory_units()[0])
         for r, h in zip(results, hits, strict=True):
             r.hits = h

@@ -28,6 +28,7 @@ from hipgraph.cli_options import (
     session_embedder,
 )
 from hipgraph.errors import ConfigError, HipgraphError, InputError
+from hipgraph.text.limits import unicode_fault
 
 logger = logging.getLogger("hipgraph.cli")
 
@@ -471,6 +472,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     request: empty question, ``k < 1``, a question over the length limit), one line on stderr;
     1 any other hipgraph error (no index, index locked, a backend failed); 130 interrupted."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for i, arg in enumerate(argv, start=1):
+        if unicode_fault(arg):  # bytes that are not UTF-8 reach Python as lone surrogates
+            at, ch = next((j, c) for j, c in enumerate(arg) if "\ud800" <= c <= "\udfff")
+            what = f"byte 0x{ord(ch) - 0xDC00:02x}" if "\udc80" <= ch <= "\udcff" else repr(ch)
+            print(f"hipgraph: error: argument {i} is not valid UTF-8 ({what} at character {at})",
+                  file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)
     _setup_logging(args)
     try:

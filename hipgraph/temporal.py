@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
 from hipgraph.errors import InputError
+from hipgraph.text.limits import short_repr
+
+_MAX_TIME_CHARS = 200
 
 _MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
 _MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name})
@@ -41,7 +44,9 @@ def parse_time(value: object, *, where: str = "time") -> datetime:
     if isinstance(value, date):
         return datetime(value.year, value.month, value.day)
     if not isinstance(value, str) or not value.strip():
-        raise InputError(f"{where}: expected a date/time string, got {value!r}")
+        raise InputError(f"{where}: expected a date/time string, got {short_repr(value)}")
+    if len(value) > _MAX_TIME_CHARS:
+        raise InputError(f"{where}: a date/time of {len(value):,} characters (at most {_MAX_TIME_CHARS})")
     text = _WEEKDAY.sub(" ", value).replace(" on ", " ").replace(" at ", " ").strip()
     try:
         return datetime.fromisoformat(text).replace(tzinfo=None)
@@ -52,7 +57,7 @@ def parse_time(value: object, *, where: str = "time") -> datetime:
     try:
         return parser.parse(text, default=datetime(2000, 1, 1)).replace(tzinfo=None)
     except (ValueError, OverflowError) as exc:
-        raise InputError(f"{where}: cannot read {value!r} as a date/time") from exc
+        raise InputError(f"{where}: cannot read {short_repr(value)} as a date/time") from exc
 
 
 @dataclass(frozen=True)

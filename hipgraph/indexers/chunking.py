@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 
 from hipgraph.config import ChunkConfig
+from hipgraph.text.limits import MAX_TOKEN_CHARS
 from hipgraph.text.memory_units import SESSION_KIND
 from hipgraph.types import Chunk, Document
 
-_TOKEN = re.compile(r"\w+|[^\w\s]")
+# a run of word characters longer than MAX_TOKEN_CHARS counts as several tokens, so text
+# without spaces (a 5 MB base64 blob, unspaced scripts) is still cut into bounded passages
+_TOKEN = re.compile(rf"\w{{1,{MAX_TOKEN_CHARS}}}|[^\w\s]")
 _SENTENCE_END = frozenset(".!?")
 
 

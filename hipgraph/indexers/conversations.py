@@ -23,7 +23,6 @@ Each reader also returns the file's questions (for ``hipgraph eval``) as dicts w
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,7 +30,8 @@ from typing import Any
 
 from hipgraph.errors import InputError
 from hipgraph.temporal import parse_time
-from hipgraph.text.json_files import read_json_file
+from hipgraph.text.json_files import read_json_file, read_jsonl_file
+from hipgraph.text.limits import MAX_DOCUMENT_CHARS, check_text, short_repr
 from hipgraph.text.memory_units import SESSION_KIND, session_key
 from hipgraph.types import Conversation, Document, Session, Turn
 
@@ -46,7 +46,8 @@ def _text(value: Any, where: str, field: str, *, required: bool = True) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or (required and not value.strip()):
-        raise InputError(f"{where}: field {field!r} must be a non-empty string, got {value!r}")
+        raise InputError(f"{where}: field {field!r} must be a non-empty string, got {short_repr(value)}")
+    check_text(value, where, field)
     return value
 
 
@@ -60,6 +61,8 @@ def to_conversation(record: Conversation | Mapping[str, Any], where: str = "conv
     speakers = record.get("speakers") or []
     if not isinstance(speakers, list) or not all(isinstance(s, str) for s in speakers):
         raise InputError(f"{where}: field 'speakers' must be a list of strings")
+    for i, name in enumerate(speakers):
+        check_text(name, where, f"speakers[{i}]")
     sessions = []
     for i, w, raw in _objects(record, where, "sessions"):
         sid = _text(raw.get("id", i + 1), w, "id")
@@ -67,6 +70,10 @@ def to_conversation(record: Conversation | Mapping[str, Any], where: str = "conv
                       speaker=_text(t.get("speaker"), tw, "speaker"), text=_text(t.get("text"), tw, "text"),
                       time=_time(t, tw))
                  for j, tw, t in _objects(raw, w, "turns")]
+        size = sum(len(t.speaker) + len(t.text) + 3 for t in turns)
+        if size > MAX_DOCUMENT_CHARS:
+            raise InputError(f"{w}: the session's turns hold {size:,} characters, over the limit of "
+                             f"{MAX_DOCUMENT_CHARS:,} per session; split it into several sessions")
         sessions.append(Session(sid, tuple(turns), _time(raw, w)))
     return _check_unique(Conversation(cid, tuple(sessions), tuple(speakers)), where)
 
@@ -94,14 +101,14 @@ def _check_unique(conv: Conversation, where: str) -> Conversation:
     seen_t: set[str] = set()
     for s in conv.sessions:
         if s.id in seen_s:
-            raise InputError(f"{where}: session id {s.id!r} appears twice")
+            raise InputError(f"{where}: session id {short_repr(s.id)} appears twice")
         seen_s.add(s.id)
         for t in s.turns:
             if t.id in seen_t:
-                raise InputError(f"{where}: turn id {t.id!r} appears twice")
+                raise InputError(f"{where}: turn id {short_repr(t.id)} appears twice")
             seen_t.add(t.id)
     if "#" in conv.id:
-        raise InputError(f"{where}: conversation id {conv.id!r} must not contain '#'")
+        raise InputError(f"{where}: conversation id {short_repr(conv.id)} must not contain '#'")
     return conv
 
 
@@ -111,22 +118,22 @@ def read_conversation_file(path: Path, fmt: str) -> tuple[list[Conversation], li
     if fmt not in FORMATS:
         raise InputError(f"unknown conversation format {fmt!r}; available: {', '.join(FORMATS)}")
     path = Path(path)
-    if fmt == "conversation" and path.suffix == ".jsonl":
-        records = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except ValueError as exc:
-                    raise InputError(f"{path}:{n}: malformed JSON: {exc}") from exc
-        return [to_conversation(r, f"{path}:{n}") for n, r in enumerate(records, start=1)], []
+    if fmt == "conversation" and path.suffix.lower() == ".jsonl":
+        rows = read_jsonl_file(path)
+        if not rows:
+            raise InputError("the file holds no conversations", source=str(path))
+        return [to_conversation(r, f"{path}:{n}") for n, r in rows], []
     data = read_json_file(path)
     if fmt == "conversation":
         items = data if isinstance(data, list) else [data]
-        return [to_conversation(r, f"{path}: [{i}]") for i, r in enumerate(items)], []
-    if fmt == "locomo":
-        return _read_locomo(data, str(path))
-    return _read_longmemeval(data, str(path))
+        convs = [to_conversation(r, f"{path}: [{i}]") for i, r in enumerate(items)], []
+    elif fmt == "locomo":
+        convs = _read_locomo(data, str(path))
+    else:
+        convs = _read_longmemeval(data, str(path))
+    if not convs[0]:
+        raise InputError("the file holds no conversations", source=str(path))
+    return convs
 
 
 def _read_locomo(data: Any, where: str) -> tuple[list[Conversation], list[dict[str, Any]]]:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from hipgraph.config import ExtractorConfig
 from hipgraph.errors import ExtractionError
+from hipgraph.text.limits import MAX_PARSE_CHARS
 from hipgraph.text.normalize import clean_surface, normalize_entity
 from hipgraph.text.spacy_pipeline import load_pipeline
 from hipgraph.types import Chunk, Extraction, Triple
@@ -46,15 +47,18 @@ class SpacyExtractor:
 
     def extract(self, chunks: Sequence[Chunk]) -> list[Extraction]:
         nlp = self._nlp or self._load()
+        pieces = [split_for_parsing(chunk.text) for chunk in chunks]
+        texts = (piece for chunk_pieces in pieces for piece in chunk_pieces)
+        docs = iter(nlp.pipe(texts, batch_size=self.config.batch_size))
         results: list[Extraction] = []
-        texts = (chunk.text for chunk in chunks)
-        for chunk, doc in zip(chunks, nlp.pipe(texts, batch_size=self.config.batch_size), strict=True):
+        for chunk, chunk_pieces in zip(chunks, pieces, strict=True):
             try:
-                results.append(self._from_doc(doc, chunk.title))
+                parts = [self._from_doc(next(docs), chunk.title) for _ in chunk_pieces]
             except (ValueError, IndexError) as exc:  # a parse we cannot read is a bug: report it
                 raise ExtractionError(
                     f"spaCy extraction failed for document {chunk.doc_id!r} passage {chunk.ordinal}: {exc}"
                 ) from exc
+            results.append(parts[0] if len(parts) == 1 else _merge(parts))
         return results
 
     # ------------------------------------------------------------------ one passage
@@ -227,3 +231,35 @@ class SpacyExtractor:
                     continue
                 first, second = sorted((a, b), key=normalize_entity)
                 add_triple(first, COOCCURS, second)
+
+
+def split_for_parsing(text: str, limit: int = MAX_PARSE_CHARS) -> list[str]:
+    """``text`` in pieces of at most ``limit`` characters, each cut after the last line break
+    (else whitespace) in its second half, or at ``limit`` when there is none; one piece when
+    short. spaCy needs ~1 GB per 100,000 characters and refuses texts over 1,000,000."""
+    if len(text) <= limit:
+        return [text]
+    pieces, start = [], 0
+    while len(text) - start > limit:
+        window = text[start:start + limit]
+        cut = window.rfind("\n", limit // 2)
+        if cut < 0:
+            cut = max(window.rfind(" ", limit // 2), window.rfind("\t", limit // 2))
+        end = start + (cut + 1 if cut >= 0 else limit)
+        pieces.append(text[start:end])
+        start = end
+    pieces.append(text[start:])
+    return pieces
+
+
+def _merge(parts: list[Extraction]) -> Extraction:
+    """One extraction from those of a passage's pieces (first surface forms and labels win)."""
+    entities: dict[str, None] = {}
+    labels: dict[str, str] = {}
+    triples: list[Triple] = []
+    for part in parts:
+        entities.update(dict.fromkeys(part.entities))
+        for surface, label in part.entity_labels.items():
+            labels.setdefault(surface, label)
+        triples.extend(part.triples)
+    return Extraction(tuple(entities), tuple(triples), labels)

@@ -6,6 +6,7 @@ at most the batch in flight, and re-adding the same documents resumes (unchanged
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import json
@@ -114,7 +115,13 @@ class Indexer:
         stream: only the batches in flight are held in memory. FAISS files are saved when the
         call ends and every :data:`CHECKPOINT_SECONDS` (DuckDB, saved per batch, is the truth).
         Writers on other threads wait their turn; readers go on and see each batch once committed.
+        A list (any sequence) is checked whole before its first batch, so a bad record refuses it
+        with nothing written; an iterator is checked batch by batch.
         """
+        if isinstance(records, Sequence):
+            for n, record in enumerate(records):
+                with contextlib.suppress(SkippedRecord):  # counted when its batch is read
+                    to_document(record, where=_where(record, n))
         with self.store.writing():
             return self._add_documents(records, progress, batch_size, executor)
 
@@ -156,7 +163,7 @@ class Indexer:
         batch: dict[str, Document] = {}
         seen = 0
         for n, record in enumerate(records):
-            where = record.get("_where", f"record {n}") if isinstance(record, Mapping) else f"record {n}"
+            where = _where(record, n)
             try:
                 doc = to_document(record, where=where)
             except SkippedRecord as skip:
@@ -405,6 +412,12 @@ class Indexer:
             new_vectors = np.zeros((0, dim), np.float32)
         return update_synonyms(self.store, self.vectors.indexes["entity"], new_ids, new_vectors,
                                removed.entity_vector_ids, removed_vectors, self.config.synonyms)
+
+
+def _where(record: Any, n: int) -> str:
+    """How errors name input record ``n``: its reader's ``_where`` (file and line) if it has one."""
+    where = record.get("_where") if isinstance(record, Mapping) else None
+    return where if isinstance(where, str) else f"record {n}"
 
 
 @contextmanager

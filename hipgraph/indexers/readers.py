@@ -6,14 +6,13 @@ Malformed input raises :class:`InputError` with the file and line before anythin
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hipgraph.errors import InputError
-from hipgraph.text.json_files import read_json_file, read_utf8
+from hipgraph.text.json_files import read_json_file, read_jsonl_file, read_utf8
 
 TEXT_SUFFIXES = (".txt", ".md")
 
@@ -78,28 +77,26 @@ def _read_json(path: Path, fields: FieldMap) -> Iterator[dict[str, Any]]:
         raise InputError('expected a list of records or a bundle with "corpus"', source=str(path))
     if not isinstance(records, list):
         raise InputError('"corpus" must be a list', source=str(path))
+    if not records:
+        raise InputError("the file holds no records", source=str(path))
     prefix = f"{path}[corpus]" if bundle else str(path)
-    # validate the whole file before its first record is indexed
-    yield from [_record(obj, fields, f"{prefix}[{i}]", bundle=bundle) for i, obj in enumerate(records)]
+    # the whole file is read before its first record is indexed
+    yield from [_record(obj, fields, f"{prefix}[{i}]", bundle=bundle)
+                for i, obj in enumerate(records)]
 
 
 def _read_jsonl(path: Path, fields: FieldMap) -> Iterator[dict[str, Any]]:
-    text = read_utf8(path)
-    records = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"malformed JSON line: {exc.msg} (column {exc.colno})",
-                             source=str(path), line=lineno) from exc
-        records.append(_record(obj, fields, f"{path}:{lineno}"))
-    yield from records  # the whole file is validated before its first record is indexed
+    rows = read_jsonl_file(path)
+    if not rows:
+        raise InputError("the file holds no records", source=str(path))
+    # the whole file is read before its first record is indexed
+    yield from [_record(obj, fields, f"{path}:{n}") for n, obj in rows]
 
 
 def _read_folder(root: Path) -> Iterator[dict[str, Any]]:
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+    if not files:
+        raise InputError(f"the folder holds no {' or '.join(TEXT_SUFFIXES)} files", source=str(root))
     for path in files:
         yield _text_file(path, root)
 

@@ -36,6 +36,7 @@ from hipgraph.query.view import ReadView, UnitTimes, Views
 from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
 from hipgraph.temporal import TimeRange, event_relative, parse_time, resolve_range
+from hipgraph.text.limits import unicode_fault
 from hipgraph.types import Hit
 
 if TYPE_CHECKING:
@@ -64,6 +65,9 @@ def validate_request(questions: Sequence[str], k: int, mode: str,
         if len(q) > max_question_chars:
             raise ConfigError(f"question {i} is {len(q)} characters long, over the limit of "
                               f"{max_question_chars} (RetrievalConfig.max_question_chars)")
+        fault = unicode_fault(q)
+        if fault:
+            raise ConfigError(f"question {i} {fault}")
 
 
 def _within_index(view: ReadView, k: int) -> int:

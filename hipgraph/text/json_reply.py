@@ -29,6 +29,8 @@ def parse_json_reply(text: str) -> Any:
         raise ValueError("reply is empty")
     try:
         return json.loads(stripped, strict=False)
+    except RecursionError as exc:
+        raise ValueError("the reply nests too deeply to read") from exc
     except ValueError:
         pass
     sources = [m.group(1).strip() for m in _FENCE.finditer(stripped)]
@@ -43,7 +45,7 @@ def parse_json_reply(text: str) -> Any:
 def _loads(text: str) -> tuple[bool, Any]:
     try:
         return True, json.loads(text, strict=False)
-    except ValueError:
+    except (ValueError, RecursionError):  # a value nested past the parser's depth is no answer
         return False, None
 
 

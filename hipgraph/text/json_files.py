@@ -31,9 +31,9 @@ def parse_json(text: str, *, source: str, line: int | None = None) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        where = line if line is not None else exc.lineno
-        raise InputError(f"malformed JSON: {exc.msg} (column {exc.colno})", source=source,
-                         line=where) from exc
+        what = "malformed JSON" if line is None else "malformed JSON line"
+        raise InputError(f"{what}: {exc.msg} (column {exc.colno})", source=source,
+                         line=exc.lineno if line is None else line) from exc
     except RecursionError as exc:
         raise InputError("JSON nested too deeply to read", source=source, line=line) from exc
 

@@ -13,6 +13,7 @@ from conftest import MULTIHOP_QUESTION, copy_index, run_cli
 from hipgraph.cli import main as cli_main
 from hipgraph.config import ChatConfig, GeneratorConfig
 from hipgraph.errors import ConfigError, GenerationError
+from hipgraph.generation.answer import prose_citations
 from hipgraph.generation.context import build_context, estimate_tokens
 from hipgraph.types import Hit
 
@@ -154,6 +155,8 @@ def test_prose_reply_becomes_the_answer_citing_its_markers(hg, caplog):
     assert [h.title for h in answer.citations] == [numbered["3"], numbered["1"]]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "prose" in warnings[0].getMessage()
+    # grouped markers count too; other brackets do not
+    assert prose_citations("see [2, 1], [ 3 ], [x] and [4 5]") == [2, 1, 3]
 
 
 def test_empty_reply_is_an_error_in_both_modes(hg):

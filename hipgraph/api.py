@@ -484,6 +484,8 @@ class HipGraph:
 
         ``generator`` is a :class:`GeneratorConfig` (``none`` by default: the context only) or
         a ready backend with ``generate``/``count_tokens``. Retrieval never calls the generator.
+        A reply that is not the JSON answer schema becomes a prose answer citing its ``[n]``
+        markers (``usage["format"] == "prose"``) unless ``GeneratorConfig(strict_json=True)``.
         """
         if not isinstance(question, str):
             raise ConfigError(f"question must be a string, got {type(question).__name__}")

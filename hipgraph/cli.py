@@ -21,6 +21,7 @@ from hipgraph.cli_options import (
     add_llm,
     add_output,
     add_retrieval,
+    add_strict_json,
     extractor_config,
     generator_config,
     new_index_config,
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "--llm-model PATH, a folder or .gguf; default the packaged SmolLM2) "
                             "or none (print the cited context)")
     group.add_argument("--context-tokens", type=int, default=2000, help="context budget in tokens")
+    add_strict_json(group)
     add_retrieval(p)
     add_output(p)
     p.set_defaults(func=cmd_query)
@@ -124,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--generator", choices=("openai", "local"), default="openai")
     group.add_argument("--context-tokens", type=int, default=2000)
     group.add_argument("--answer-k", type=int, default=5, help="passages handed to the generator")
+    add_strict_json(group)
     add_retrieval(p)
     add_output(p)
     p.set_defaults(func=cmd_eval)
@@ -268,7 +271,9 @@ def cmd_query(args: argparse.Namespace) -> int:
             print(answer.context)
         else:
             print(f"Q: {args.question}")
-            print("A: (the passages do not hold the answer)" if answer.abstained else f"A: {answer.text}")
+            unstructured = " (unstructured reply)" if answer.usage.get("format") == "prose" else ""
+            print("A: (the passages do not hold the answer)" if answer.abstained
+                  else f"A: {answer.text}{unstructured}")
             for n, h in enumerate(answer.citations, start=1):
                 print(f"  [{n}] {h.title} (doc {h.doc_id})")
         return 0

@@ -125,16 +125,24 @@ def new_index_config(args: argparse.Namespace):
     return config.replace(**changes) if changes else config
 
 
+def add_strict_json(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--strict-json", action="store_true",
+                       help="a reply that is not the JSON answer schema is an error (default: it "
+                            "is used as a prose answer, its [n] markers as citations)")
+
+
 def generator_config(args: argparse.Namespace):
     from hipgraph.config import ChatConfig, GeneratorConfig  # noqa: PLC0415
 
     if args.generator == "none":
         return GeneratorConfig(name="none", context_tokens=args.context_tokens)
     if args.generator == "local":
-        return GeneratorConfig(name="local", model_path=args.llm_model, context_tokens=args.context_tokens)
+        return GeneratorConfig(name="local", model_path=args.llm_model, context_tokens=args.context_tokens,
+                               strict_json=args.strict_json)
     if not args.llm_base_url or not args.llm_model:
         raise InputError("--answer --generator openai needs --llm-base-url and --llm-model "
                          "(or HIPGRAPH_LLM_BASE_URL / HIPGRAPH_LLM_MODEL)")
     chat = ChatConfig(base_url=args.llm_base_url, model=args.llm_model,
                       api_key_env=args.llm_api_key_env, max_concurrency=args.llm_concurrency)
-    return GeneratorConfig(name="openai", chat=chat, context_tokens=args.context_tokens)
+    return GeneratorConfig(name="openai", chat=chat, context_tokens=args.context_tokens,
+                           strict_json=args.strict_json)

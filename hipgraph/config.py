@@ -420,8 +420,13 @@ class GeneratorConfig:
     # a reply that is not a well-formed answer: "raise" GenerationError, or "abstain" (the
     # answer is marked abstained and usage["error"] says why; batch evaluations use this)
     on_invalid: str = "raise"
+    # a reply that is not the JSON answer schema (prose from a model without JSON mode): False
+    # uses it as a prose answer (usage["format"] == "prose"), True makes it not well formed
+    strict_json: bool = False
 
     def __post_init__(self) -> None:
+        _check(isinstance(self.strict_json, bool),
+               f"generator.strict_json must be true or false, got {self.strict_json!r}")
         _check(self.on_invalid in {"raise", "abstain"},
                f"generator.on_invalid must be raise|abstain, got {self.on_invalid!r}")
         _check(self.name in {"none", "openai", "local"},

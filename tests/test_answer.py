@@ -1,15 +1,19 @@
 """Generator handoff: cited context within a budget, answer() through a real local server speaking
-the OpenAI chat protocol (request bodies, retries, abstention, malformed replies), the CLI."""
+the OpenAI chat protocol (request bodies, retries, abstention, malformed and prose replies), the CLI."""
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 
 import pytest
 from conftest import MULTIHOP_QUESTION, copy_index, run_cli
 
+from hipgraph.cli import main as cli_main
 from hipgraph.config import ChatConfig, GeneratorConfig
 from hipgraph.errors import ConfigError, GenerationError
+from hipgraph.generation.answer import prose_citations
 from hipgraph.generation.context import build_context, estimate_tokens
 from hipgraph.types import Hit
 
@@ -95,7 +99,7 @@ def test_openai_generator_answers_with_citations(hg):
     assert answer.text == "G. Stanley Hall" and not answer.abstained
     assert [h.passage_id for h in answer.citations] == [answer.hits[1].passage_id]  # 7 is ignored
     assert answer.usage["total_tokens"] == 15 and answer.usage["context_tokens"] > 0
-    assert answer.generator == "openai:answerer"
+    assert answer.usage["format"] == "json" and answer.generator == "openai:answerer"
 
 
 def test_abstention_and_answer_many(hg):
@@ -110,22 +114,55 @@ def test_abstention_and_answer_many(hg):
                                  generator=_openai(srv))
         assert len(srv.chat_requests) == 2
     assert answers[0].abstained and answers[0].text == "" and answers[0].citations == []
+    assert answers[0].usage["format"] == answers[1].usage["format"] == "json"
     assert not answers[1].abstained and answers[1].text == "Oak Park, Illinois"
 
 
-@pytest.mark.parametrize(("reply", "message"), [
-    ("I think it was Hall.", "not JSON"),
-    (json.dumps({"answer": 3, "citations": [], "sufficient": True}), '"answer" must be a string'),
-    (json.dumps({"answer": "x", "citations": [1]}), '"sufficient" must be true or false'),
-    (json.dumps({"answer": "x", "citations": "1", "sufficient": True}), '"citations" must be a list'),
+@pytest.mark.parametrize(("reply", "message", "markers"), [
+    ("I think it was Hall.", "not JSON", []),
+    ("It was Hall [2].", "must be a JSON object, got list", [2]),  # "[2]" alone parses as JSON
+    (json.dumps({"foo": 1}), '"answer" must be a string', []),
+    (json.dumps({"answer": 3, "citations": [], "sufficient": True}), '"answer" must be a string', []),
+    (json.dumps({"answer": "x", "citations": [1]}), '"sufficient" must be true or false', [1]),
+    (json.dumps({"answer": "x", "citations": "1", "sufficient": True}), '"citations" must be a list', []),
 ])
-def test_malformed_replies_are_clear_errors(hg, reply, message):
-    with ScriptedOpenAIServer([reply, reply]) as srv:
+def test_malformed_replies_are_clear_errors_in_strict_mode(hg, reply, message, markers):
+    with ScriptedOpenAIServer([reply, reply, reply]) as srv:
         with pytest.raises(GenerationError, match=message):
-            hg.answer(QUESTION, k=2, generator=_openai(srv))
+            hg.answer(QUESTION, k=2, generator=_openai(srv, strict_json=True))
         # or, for batch work, an abstention that says why
-        answer = hg.answer(QUESTION, k=2, generator=_openai(srv, on_invalid="abstain"))
-    assert answer.abstained and answer.text == "" and message.strip('"') in answer.usage["error"]
+        answer = hg.answer(QUESTION, k=2, generator=_openai(srv, strict_json=True, on_invalid="abstain"))
+        assert answer.abstained and answer.text == "" and message.strip('"') in answer.usage["error"]
+        assert "format" not in answer.usage
+        # by default the raw reply is a prose answer; its [n] markers are the citations
+        lenient = hg.answer(QUESTION, k=2, generator=_openai(srv))
+    assert lenient.text == reply and not lenient.abstained and lenient.usage["format"] == "prose"
+    assert [h.passage_id for h in lenient.citations] == [lenient.hits[n - 1].passage_id for n in markers]
+
+
+def test_prose_reply_becomes_the_answer_citing_its_markers(hg, caplog):
+    prose = ("  G. Stanley Hall [3] was the first president of the American Psychological "
+             "Association [1], which publishes the journal [9] [1, 3].\n")
+    with ScriptedOpenAIServer([prose]) as srv, caplog.at_level(logging.WARNING, "hipgraph"):
+        answer = hg.answer(QUESTION, k=3, generator=_openai(srv))
+        body = srv.chat_requests[-1][1]
+    assert body["response_format"] == {"type": "json_object"}  # JSON was asked for, prose came back
+    assert answer.text == prose.strip() and not answer.abstained
+    assert answer.usage["format"] == "prose" and answer.usage["total_tokens"] == 15
+    # the passages the model saw as [3] and [1], in that order; [9] numbers no passage
+    numbered = dict(re.findall(r"^\[(\d+)\] ([^:]+): ", body["messages"][-1]["content"], re.M))
+    assert len(numbered) == 3
+    assert [h.title for h in answer.citations] == [numbered["3"], numbered["1"]]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "prose" in warnings[0].getMessage()
+    # grouped markers count too; other brackets do not
+    assert prose_citations("see [2, 1], [ 3 ], [x] and [4 5]") == [2, 1, 3]
+
+
+def test_empty_reply_is_an_error_in_both_modes(hg):
+    for strict in (False, True):
+        with ScriptedOpenAIServer(["  \n "]) as srv, pytest.raises(GenerationError, match="reply is empty"):
+            hg.answer(QUESTION, k=2, generator=_openai(srv, strict_json=strict))
 
 
 def test_generator_failure_and_bad_config(hg):
@@ -135,6 +172,8 @@ def test_generator_failure_and_bad_config(hg):
         GeneratorConfig(name="openai")
     with pytest.raises(ConfigError, match="none|openai|local"):
         GeneratorConfig(name="magic")
+    with pytest.raises(ConfigError, match="strict_json must be true or false"):
+        GeneratorConfig(strict_json="yes")
     with pytest.raises(ConfigError, match="generate"):
         hg.answer(QUESTION, generator="openai")
 
@@ -147,11 +186,40 @@ def test_cli_answer(inline_template, tmp_path):
                       "--llm-base-url", srv.base_url, "--llm-model", "m", check=True)
     data = json.loads(out.stdout)
     assert data["answer"] == "G. Stanley Hall" and data["abstained"] is False
+    assert data["usage"]["format"] == "json"
     assert set(data["citations"][0]) >= {"doc_id", "title", "text"}
     context = run_cli("query", "--db", str(db), QUESTION, "--answer", "--generator", "none", check=True)
     assert context.stdout.startswith("[1] ")
     missing = run_cli("query", "--db", str(db), QUESTION, "--answer")
     assert missing.returncode == 2 and "--llm-base-url" in missing.stderr
+
+
+def test_cli_answer_prose_reply_and_strict_json(inline_template, tmp_path, capsys):
+    db = str(copy_index(inline_template, tmp_path))
+    args = ["query", "--db", db, QUESTION, "-k", "3", "--answer", "--llm-model", "m"]
+    with ScriptedOpenAIServer(["It was G. Stanley Hall [2]."] * 3) as srv:
+        args += ["--llm-base-url", srv.base_url]
+        assert _cli(*args) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert _cli(*args, "--json") == 0
+        data = json.loads(capsys.readouterr().out)
+        assert _cli(*args, "--strict-json") == 1  # a GenerationError, as for any malformed reply
+        err = capsys.readouterr().err
+    assert out[1] == "A: It was G. Stanley Hall [2]. (unstructured reply)"
+    assert out[2].startswith("  [1] ") and len(out) == 3  # the one passage it cites
+    assert data["answer"] == "It was G. Stanley Hall [2]." and data["usage"]["format"] == "prose"
+    assert data["citations"][0]["title"] == out[2][6:].rsplit(" (doc ", 1)[0]
+    assert err.startswith("hipgraph: error: ") and "must be a JSON object, got list" in err
+
+
+def _cli(*args: str) -> int:
+    """``hipgraph ARGS`` in this process (the CLI's logging setup undone afterwards)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        return cli_main(list(args))
+    finally:
+        root.handlers[:], root.level = handlers, level
 
 
 # ------------------------------------------------------------------ QA evaluation

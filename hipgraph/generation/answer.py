@@ -1,15 +1,23 @@
 """``answer()``: retrieve → build cited context → generate → parse, with abstention.
 
-The answer prompt (``prompts/answer.json``) asks for ``{"answer", "citations", "sufficient"}``;
-replies are parsed strictly (after repairing fences and similar noise): a missing or mistyped
-field is a :class:`GenerationError` naming it. ``sufficient: false`` or an empty answer sets
-``Answer.abstained`` so applications can fall back instead of showing a guess.
+The answer prompt (``prompts/answer.json``) asks for ``{"answer", "citations", "sufficient"}``.
+A reply of that shape (after repairing fences and similar noise) is a structured answer
+(``usage["format"] == "json"``). Any other non-empty reply - prose from a model without JSON
+mode, JSON of another shape or with a mistyped field - becomes a prose answer by default
+(``usage["format"] == "prose"``, a warning logged): the stripped reply is the text, and its
+``[n]`` / ``[n, m]`` markers that number a passage of the context are the citations (first
+appearance order, duplicates and out-of-range numbers dropped). With
+``GeneratorConfig(strict_json=True)`` such a reply is a :class:`GenerationError` naming the
+fault instead. An empty reply is an error either way. ``sufficient: false`` or an empty answer
+sets ``Answer.abstained`` so applications can fall back instead of showing a guess.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hipgraph.config import GeneratorConfig
@@ -22,9 +30,42 @@ from hipgraph.types import Answer, Hit
 
 logger = logging.getLogger(__name__)
 
+_MARKERS = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)\s*\]")  # [3] or [1, 3]
 
-def parse_answer(text: str, context: Context) -> tuple[str, list[Hit], bool]:
-    """``(answer, cited hits, sufficient)`` from a reply; GenerationError when malformed."""
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """An answer reply read: its text, cited hits, whether the passages sufficed, and its
+    ``format``: ``json`` (the answer schema) or ``prose`` (the fallback)."""
+
+    text: str
+    citations: list[Hit]
+    sufficient: bool
+    format: str
+
+
+def parse_answer(text: str, context: Context, *, strict_json: bool = False) -> ParsedReply:
+    """The reply read as the answer schema, else (unless ``strict_json``) as prose with ``[n]``
+    markers; GenerationError when it is empty, or malformed and ``strict_json``."""
+    if not isinstance(text, str) or not text.strip():
+        raise GenerationError(f"answer reply is empty: {text!r}")
+    try:
+        answer, citations, sufficient = _parse_json_answer(text, context)
+    except GenerationError as exc:
+        if strict_json:
+            raise
+        logger.warning("answer reply is not the JSON answer schema (%s); using it as prose", exc)
+        return ParsedReply(text.strip(), context.cited(prose_citations(text)), True, "prose")
+    return ParsedReply(answer, citations, sufficient, "json")
+
+
+def prose_citations(text: str) -> list[int]:
+    """The passage numbers of the ``[n]`` and ``[n, m]`` markers in ``text``, in order."""
+    return [int(n) for group in _MARKERS.findall(text) for n in group.split(",")]
+
+
+def _parse_json_answer(text: str, context: Context) -> tuple[str, list[Hit], bool]:
+    """``(answer, cited hits, sufficient)`` from a JSON reply; GenerationError when malformed."""
     try:
         data = parse_json_reply(text)
     except ValueError as exc:
@@ -68,7 +109,8 @@ def compose(questions: Sequence[str], hits: Sequence[Sequence[Hit]], generator: 
         try:
             if isinstance(reply, Exception):
                 raise GenerationError(f"generator {generator.name} failed for {q!r}: {reply}") from reply
-            answers.append(_to_answer(q, c, list(h), reply, generator.name))
+            answers.append(_to_answer(q, c, list(h), reply, generator.name,
+                                      config.strict_json))
         except GenerationError as exc:
             if config.on_invalid == "raise":
                 raise
@@ -80,11 +122,12 @@ def compose(questions: Sequence[str], hits: Sequence[Sequence[Hit]], generator: 
 
 
 def _to_answer(question: str, context: Context, hits: list[Hit], reply: Generation,
-               name: str) -> Answer:
-    text, cited, sufficient = parse_answer(reply.text, context)
-    abstained = not sufficient or not text
+               name: str, strict_json: bool) -> Answer:
+    parsed = parse_answer(reply.text, context, strict_json=strict_json)
+    abstained = not parsed.sufficient or not parsed.text
     usage: dict[str, Any] = dict(reply.usage)
     usage["context_tokens"] = context.tokens
-    return Answer(question=question, text="" if abstained else text,
-                  citations=[] if abstained else cited, context=context.text,
+    usage["format"] = parsed.format
+    return Answer(question=question, text="" if abstained else parsed.text,
+                  citations=[] if abstained else parsed.citations, context=context.text,
                   abstained=abstained, usage=usage, hits=hits, generator=name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -392,10 +393,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval_memory(args: argparse.Namespace) -> int:
+    import hipgraph  # noqa: PLC0415
     from hipgraph.indexers.conversations import read_conversation_file  # noqa: PLC0415
     from hipgraph.memory_eval import evaluate_memory  # noqa: PLC0415
 
     cutoffs = _cutoffs(args.k)
+    # each conversation's index is opened (and built) with the session's embedder, as by index/query
+    open_index = functools.partial(hipgraph.open, embedder=session_embedder(args))
     convs, questions = read_conversation_file(args.bundle, args.fmt)
     questions = [q for q in questions if q.get("evidence")][: args.limit]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -406,7 +410,8 @@ def _eval_memory(args: argparse.Namespace) -> int:
         generator = generator_config(args) if args.qa else None
         results, index_seconds = evaluate_memory(args.db, convs, questions, modes, cutoffs,
                                                  config=retrieval_config(args), progress=bar.update,
-                                                 generator=generator, answer_k=args.answer_k)
+                                                 generator=generator, answer_k=args.answer_k,
+                                                 open_index=open_index)
     out = {"file": str(args.bundle), "questions": len(questions), "index_seconds": index_seconds,
            "results": [r.to_dict() for r in results]}
     if args.json:

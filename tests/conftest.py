@@ -558,3 +558,39 @@ def run_cli(*args: str, timeout: float = 300, check: bool = False, **kwargs: Any
     if check and proc.returncode != 0:
         raise AssertionError(f"hipgraph {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
     return proc
+
+
+# ------------------------------------------------------------------ a disk that fills up
+@pytest.fixture
+def small_disk(tmp_path) -> Iterator[Path]:
+    """A real 16 MiB filesystem (tmpfs) mounted in ``tmp_path``, unmounted at teardown even when
+    the test fails (lazily: a handle the failed test left open does not keep it mounted). Mounting
+    needs root, as the tests and CI run; anywhere else the test fails saying so."""
+    import subprocess
+
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount_point)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise AssertionError(f"cannot mount a tmpfs (the disk-full tests run as root): {proc.stderr}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
+
+
+def fill_disk(folder: Path) -> Path:
+    """Write zeros to ``folder/filler`` until the filesystem reports ENOSPC; returns the file
+    (delete it to free the space again)."""
+    import errno
+
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 4096)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+    return filler

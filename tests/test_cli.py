@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from conftest import (
     check_consistency,
     copy_index,
     dump_index,
+    fill_disk,
     run_cli,
 )
 
@@ -217,6 +219,23 @@ def test_reading_a_missing_index_is_a_clear_error(tmp_path, command):
     assert proc.stderr.startswith("hipgraph: error: no index at") and str(db) in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not db.exists()
+
+
+def test_full_disk_exits_1_with_one_line_naming_the_failed_commit(tmp_path, small_disk, base_index):
+    """The index sits on a full filesystem: the commit of the first new batch fails, and the
+    command says so in one line (DuckDB's error, with the path), not with a traceback."""
+    db = small_disk / "ix"
+    shutil.copytree(base_index, db)
+    before = dump_index(db)
+    path = tmp_path / "more.jsonl"
+    _jsonl(path, INLINE_DOCS[3:6])
+    filler = fill_disk(small_disk)
+    proc = run_cli("index", "--db", str(db), str(path), "-q")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith(f"hipgraph: error: cannot commit to {db / 'graph.duckdb'}: ")
+    assert "No space left on device" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    filler.unlink()
+    assert dump_index(db) == before  # nothing of the failed run is kept
 
 
 # ------------------------------------------------------------------ crash and resume

@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 
 import faiss
+import numpy as np
 import pytest
-from conftest import MULTIHOP_QUESTION, copy_index, run_cli
+from conftest import MULTIHOP_QUESTION, REPO, copy_index, run_cli
 from test_conversations import _conversation
 from test_llm_indexing import DOCS, NER, TRIPLES  # the scripted extraction replies
 
 import hipgraph
+from hipgraph.config import EmbedderConfig
+from hipgraph.errors import SessionConfigError
 
 try:
     from tests.openai_server import ScriptedOpenAIServer
@@ -167,6 +170,49 @@ def test_index_conversation_with_llm_segments(tmp_path):
         units = _units(hg)
     assert units["ana-ben#2"] == [0, 6]  # exactly the model's cut before turn 7
     assert units["ana-ben#1"] == [0] and units["ana-ben#3"] == [0]
+
+
+# ------------------------------------------------------------------ eval
+def test_eval_locomo_embeds_with_the_embed_flags(tmp_path, monkeypatch):
+    """``eval --format locomo`` builds and reads each conversation's index with the embedder the
+    --embed-* flags name, as index and query do: the endpoint receives the turns and questions
+    (with the key of --embed-api-key-env), the index records that model, and the turn-dense
+    baseline's recall equals cosine ranking of the endpoint's vectors (computed here, in numpy)."""
+    monkeypatch.setenv("EVAL_EMBED_KEY", "sk-eval")
+    raw = json.loads((REPO / "data" / "locomo_conv30.json").read_text(encoding="utf-8"))
+    (conv,) = raw["conversations"]
+    questions = [q for q in conv["questions"] if q.get("evidence_dia_ids")][:3]
+    db = tmp_path / "mem"
+    with ScriptedOpenAIServer() as srv:  # 16-d vectors
+        out = _ok(run_cli("eval", "--db", str(db), "--format", "locomo", str(REPO / "data" / "locomo_conv30.json"), "--modes", "dense",
+                          "--k", "1,5", "--limit", "3", "--json", "-q", "--embedder", "openai",
+                          "--embed-base-url", srv.base_url, "--embed-model", "emb",
+                          "--embed-api-key-env", "EVAL_EMBED_KEY"))
+        sent = [text for _, body, _ in srv.embedding_requests for text in body["input"]]
+        keys = {headers.get("authorization") for *_, headers in srv.embedding_requests}
+        vector_for = srv.vector_for
+    turn_lines = [f"{t['speaker']}: {t['text']}" + (f" [shares an image: {t['blip_caption']}]"
+                                                  if t.get("blip_caption") else "") for t in conv["turns"]]
+    assert set(turn_lines) <= set(sent)  # the turn-dense baseline (and segmentation) embedded here
+    assert {q["question"] for q in questions} <= set(sent)
+    assert keys == {"Bearer sk-eval"}
+    with pytest.raises(SessionConfigError):  # built with the endpoint's model
+        hipgraph.open(db / "conv-30", read_only=True)
+    with hipgraph.open(db / "conv-30", read_only=True, embedder=EmbedderConfig(
+            name="openai", base_url="http://127.0.0.1:9/v1", model="emb")) as hg:
+        assert (hg.store.meta_get("embedder"), hg.store.meta_get("dimension")) == ("openai:emb", 16)
+
+    def unit(texts):
+        v = np.array([vector_for(t) for t in texts])
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    order = np.argsort(-(unit([q["question"] for q in questions]) @ unit(turn_lines).T), axis=1)
+    ids = [t["dia_id"] for t in conv["turns"]]
+    baseline = next(r for r in out["results"] if r["mode"] == "turn-dense")
+    for k in (1, 5):
+        recall = [len(set(q["evidence_dia_ids"]) & {ids[i] for i in row[:k]}) / len(set(q["evidence_dia_ids"]))
+                  for q, row in zip(questions, order, strict=True)]
+        assert baseline[f"recall@{k}"] == round(100 * sum(recall) / len(recall), 2)
 
 
 # ------------------------------------------------------------------ query

@@ -199,6 +199,42 @@ def test_malformed_conversations_name_the_record(tmp_path):
     assert not (tmp_path / "ix").exists() and proc.stdout == ""  # nothing written, no report
 
 
+def test_locomo_session_times_are_read_from_every_turn_and_a_bad_one_is_named(tmp_path):
+    """A bad session time is an InputError naming the file, the field where it is, the conversation
+    and the session, whichever turn or session carries it (not only a session's first turn)."""
+    raw = json.loads(LOCOMO.read_text(encoding="utf-8"))
+    turns = raw["conversations"][0]["turns"]
+    second = [j for j, t in enumerate(turns) if t["session"] == 2][1]  # not its session's first turn
+    path = tmp_path / "locomo_bad_time.json"
+    for value, message in [
+        ("the day after", "cannot read 'the day after' as a date/time"),
+        ("9:00 am on 1 January, 2020", r"'9:00 am on 1 January, 2020' differs from the session's "
+                                       r"time '2:32 pm on 29 January, 2023' \(.*turns\[\d+\]\)"),
+    ]:
+        bad = json.loads(json.dumps(raw))
+        bad["conversations"][0]["turns"][second]["session_date_time"] = value
+        path.write_text(json.dumps(bad), encoding="utf-8")
+        where = (rf"locomo_bad_time.json: conversations\[0\].turns\[{second}\].session_date_time "
+                 rf"\(conversation 'conv-30', session 2\): ")
+        with pytest.raises(InputError, match=where + message):
+            read_conversation_file(path, "locomo")
+    # a session whose first turn has no time takes it from the next turn that has one
+    turn = {"speaker": "A", "text": "hi"}
+    path.write_text(json.dumps({"conversations": [{"id": "c1", "turns": [
+        {**turn, "dia_id": "D1:1", "session": 1},
+        {**turn, "dia_id": "D1:2", "session": 1, "session_date_time": "1:56 pm on 8 May, 2023"}]}]}))
+    (conv,), _ = read_conversation_file(path, "locomo")
+    assert conv.sessions[0].time == datetime(2023, 5, 8, 13, 56)
+    # LoCoMo as released: the second session's session_2_date_time, named as the file has it
+    original = tmp_path / "locomo10.json"
+    sessions = {"session_1": [{**turn, "dia_id": "D1:1"}], "session_1_date_time": "1:56 pm on 8 May, 2023",
+                "session_2": [{**turn, "dia_id": "D2:1"}], "session_2_date_time": "someday"}
+    original.write_text(json.dumps([{"sample_id": "conv-x", "conversation": sessions, "qa": []}]))
+    with pytest.raises(InputError, match=r"locomo10.json: \[0\].conversation.session_2_date_time "
+                                         r"\(conversation 'conv-x', session 2\): cannot read 'someday'"):
+        read_conversation_file(original, "locomo")
+
+
 def _longmemeval_file(tmp_path, question: str, question_date: str, second_date: str):
     """A one-instance LongMemEval file: a bike bought on 2 May (the evidence), tomatoes later."""
     lme = tmp_path / "lme.json"

@@ -6,7 +6,9 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
+import duckdb
 import numpy as np
 import pytest
 from conftest import (
@@ -15,6 +17,7 @@ from conftest import (
     check_consistency,
     default_config,
     dump_index,
+    fill_disk,
     index_config,
     stored_vectors,
     vectors_precision,
@@ -22,7 +25,7 @@ from conftest import (
 
 import hipgraph
 from hipgraph.config import ChunkConfig, EmbedderConfig, IndexConfig, SynonymConfig
-from hipgraph.errors import ExtractionError, InputError
+from hipgraph.errors import ExtractionError, InputError, StoreError
 from hipgraph.indexers.extract_spacy import SpacyExtractor
 from hipgraph.types import Chunk, Document, Extraction
 
@@ -533,3 +536,50 @@ def test_failure_inside_the_write_transaction_rolls_back(make_index, embedder, i
     # the error raised is the real cause (the vector that does not fit), not a follow-up error
     message = str(err.value)
     assert "aborted" not in message and re.search(r"\b38[34]\b", message), message
+
+
+def test_full_disk_reports_the_failed_commit_and_keeps_the_committed_batches(
+        small_disk, make_index, embedder, inline_docs, inline_template):
+    """The disk fills up after the first batch: the second batch's COMMIT fails (DuckDB cannot
+    write its WAL), and that is the error raised, not the FAISS save that follows and fails too."""
+    db = small_disk / "ix"
+    filled: list[Path] = []
+
+    def fill_after_first_batch(_n: int) -> None:
+        if not filled:
+            filled.append(fill_disk(small_disk))
+
+    hg = hipgraph.open(db, create=True, config=index_config(), embedder=embedder)
+    try:
+        with pytest.raises(StoreError) as err:
+            hg.add_documents(inline_docs, batch_size=4, progress=fill_after_first_batch)
+        message = str(err.value)
+        assert "No space left on device" in message and f"{db / 'graph.duckdb'}" in message, message
+        assert "faiss" not in message.lower(), message  # not the follow-up failure
+        assert isinstance(err.value.__cause__, duckdb.Error)
+        # a FAISS save that failed leaves no temporary file holding on to the space
+        assert sorted(p.name for p in db.iterdir()) == [
+            "entity.faiss", "fact.faiss", "graph.duckdb", "graph.duckdb.wal", "passage.faiss"]
+        reference = make_index("reference")
+        reference.add_documents(inline_docs[:4])
+        after, expected = dump_index(hg), dump_index(reference)
+        # the FAISS files stay as last saved (the empty index: saves come at the end of the call)
+        assert after["faiss"] == {"passage": 0, "entity": 0, "fact": 0}
+        after["faiss"] = expected["faiss"]
+        assert_same_index(after, expected)  # DuckDB holds the first batch, whole
+        for kind, index in hg.vectors.indexes.items():  # and so does FAISS in memory
+            assert index.ids().tolist() == hg.store.vector_ids(kind).tolist(), kind
+    finally:
+        hg.close()
+    filled[0].unlink()  # space freed: the index reopens as committed, and searches
+    hg = hipgraph.open(db, embedder=embedder)
+    try:
+        assert_same_index(dump_index(hg), expected)
+        check_consistency(hg)  # FAISS files on disk hold DuckDB's vectors (rebuilt where stale)
+        hits = hg.retrieve("Who developed person-centered therapy?", k=2, mode="dense")
+        assert [h.doc_id for h in hits][:1] == ["pct"]
+        report = hg.add_documents(inline_docs, batch_size=4)  # re-running resumes
+        assert (report.added, report.unchanged) == (8, 4)
+        assert_same_index(dump_index(hg), dump_index(inline_template))
+    finally:
+        hg.close()

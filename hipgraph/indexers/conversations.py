@@ -183,16 +183,28 @@ def _locomo_flat(item: Mapping[str, Any], w: str) -> Conversation:
     turns = item.get("turns")
     if not isinstance(turns, list) or not turns:
         raise InputError(f"{w}: field 'turns' must be a non-empty list")
+    cid = _text(item.get("id"), w, "id")
     sessions: dict[str, dict[str, Any]] = {}
+    dated: dict[str, tuple[str, Any]] = {}  # session -> (where, raw value) of its first time
     for j, t in enumerate(turns):
         tw = f"{w}.turns[{j}]"
         if not isinstance(t, Mapping):
             raise InputError(f"{tw}: expected an object")
         sid = _text(t.get("session"), tw, "session")
-        s = sessions.setdefault(sid, {"id": sid, "time": t.get("session_date_time"), "turns": []})
+        s = sessions.setdefault(sid, {"id": sid, "time": None, "turns": []})
+        raw_time = t.get("session_date_time")
+        if raw_time is not None:  # every turn's copy is read: they must agree
+            at = f"{tw}.session_date_time (conversation {cid!r}, session {sid})"
+            time = parse_time(raw_time, where=at)
+            if s["time"] is None:
+                s["time"], dated[sid] = time, (tw, raw_time)
+            elif time != s["time"]:
+                first_where, first_raw = dated[sid]
+                raise InputError(f"{at}: {raw_time!r} differs from the session's time {first_raw!r} "
+                                 f"({first_where})")
         s["turns"].append({"id": _text(t.get("dia_id"), tw, "dia_id"), "speaker": t.get("speaker"),
                            "text": _text(t.get("text"), tw, "text") + _caption(t)})
-    record = {"id": _text(item.get("id"), w, "id"), "speakers": item.get("speakers") or [],
+    record = {"id": cid, "speakers": item.get("speakers") or [],
               "sessions": list(sessions.values())}
     return to_conversation(record, w)
 
@@ -202,17 +214,21 @@ def _locomo_original(item: Mapping[str, Any], w: str) -> Conversation:
     if not isinstance(conv, Mapping):
         raise InputError(f"{w}: field 'conversation' must be an object")
     numbers = sorted(int(m.group(1)) for k in conv if (m := re.fullmatch(r"session_(\d+)", k)))
+    cid = item.get("sample_id", item.get("id"))
     sessions = []
     for n in numbers:
         turns = conv[f"session_{n}"]
         if not isinstance(turns, list):
             raise InputError(f"{w}.conversation.session_{n}: expected a list of turns")
-        sessions.append({"id": str(n), "time": conv.get(f"session_{n}_date_time"),
+        key = f"session_{n}_date_time"
+        time = None if conv.get(key) is None else parse_time(
+            conv[key], where=f"{w}.conversation.{key} (conversation {cid!r}, session {n})")
+        sessions.append({"id": str(n), "time": time,
                          "turns": [{"id": t.get("dia_id"), "speaker": t.get("speaker"),
                                     "text": (t.get("text") or "") + _caption(t)}
                                    if isinstance(t, Mapping) else t for t in turns]})
     speakers = [s for s in (conv.get("speaker_a"), conv.get("speaker_b")) if isinstance(s, str)]
-    return to_conversation({"id": item.get("sample_id", item.get("id")), "speakers": speakers,
+    return to_conversation({"id": cid, "speakers": speakers,
                             "sessions": sessions}, w)
 
 

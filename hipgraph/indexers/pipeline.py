@@ -143,6 +143,7 @@ class Indexer:
         own = executor is None
         executor = executor or self.local_executor()
         last_save = time.monotonic()
+        failed = False
         try:
             for batch, work in executor.map(planned()):
                 self._finish(batch, work, report, progress)
@@ -152,11 +153,27 @@ class Indexer:
                 if time.monotonic() - last_save > CHECKPOINT_SECONDS:
                     self.vectors.save()
                     last_save = time.monotonic()
+        except BaseException:
+            failed = True
+            raise
         finally:
             if own:
                 executor.close()
-            self.vectors.save()
+            if failed:
+                self._save_vectors_after_failure()
+            else:
+                self.vectors.save()
         return report
+
+    def _save_vectors_after_failure(self) -> None:
+        """Save the FAISS files of the batches committed before a failure without masking it: a
+        file that cannot be written (the full disk that failed the commit) keeps its previous
+        version, and the next open rebuilds it from DuckDB."""
+        try:
+            self.vectors.save()
+        except Exception as exc:  # the failure in flight is the one to report
+            logger.warning("FAISS files not saved after the failed batch (%s); the next open "
+                           "rebuilds them from DuckDB", exc)
 
     def _batches(self, records, size: int, report: IndexReport, progress: Progress | None):
         """Validated documents in batches of ``size`` (a repeated id: the later record wins)."""

@@ -54,6 +54,14 @@ def _connect(root: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
     return con
 
 
+def _rollback_after_failed_commit(con: duckdb.DuckDBPyConnection) -> None:
+    """End the transaction a failed COMMIT leaves behind, if DuckDB has not already done so."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:  # no transaction is active: DuckDB rolled it back itself
+        logger.debug("nothing to roll back after the failed commit", exc_info=True)
+
+
 def _lock_error(path: Path, exc: Exception) -> IndexLockedError:
     text = str(exc)
     pid = re.search(r"PID (\d+)", text)
@@ -277,6 +285,11 @@ class GraphStore:
             with self.lock.exclusive():
                 try:
                     con.execute("COMMIT")
+                except duckdb.Error as exc:  # e.g. disk full: the batch is rolled back
+                    _rollback_after_failed_commit(con)
+                    raise StoreError(
+                        f"cannot commit to {self.root / DB_FILENAME}: {exc}; this write was rolled "
+                        "back, earlier commits are kept") from exc
                 finally:
                     self._tx_owner = None
                     with self._cursor_lock:

@@ -252,10 +252,14 @@ class FaissVectorIndex:
         """Write atomically: a temporary file in the same folder, fsync, then rename."""
         path = Path(path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        self._faiss.write_index(self._index, str(tmp))
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        try:
+            self._faiss.write_index(self._index, str(tmp))
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except (RuntimeError, OSError) as exc:  # e.g. disk full: the previous file stays
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"cannot write FAISS file {path}: {exc}") from exc
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

@@ -137,10 +137,12 @@ class ExtractorConfig:
 class SynonymConfig:
     """Synonym edges between entities whose name embeddings have cosine >= ``threshold``.
 
-    An entity similar to more than ``max_neighbors`` others (years, generic nouns) gets no
-    synonym edges: its name is too unspecific to merge on. The rule depends only on the set of
-    entities, so incremental updates (FAISS range search for new and removed entities only)
-    give exactly the edges of a from-scratch build.
+    The cosine is the exact dot product of the two stored float32 vectors (inclusive test; the
+    edge weight is it rounded once to float64); FAISS only proposes candidates. An entity
+    similar to more than ``max_neighbors`` others (years, generic nouns) gets no synonym edges:
+    its name is too unspecific to merge on. The rule depends only on the stored entity vectors,
+    so incremental updates (FAISS range search for new and removed entities only) give exactly
+    the edges of a from-scratch build of the same vectors.
     """
 
     threshold: float = 0.8

@@ -10,6 +10,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -192,9 +193,9 @@ VECTOR_TOL = {"fp32": 1e-5, "bf16": 0.03}
 #   batch size 4, 0.79936 with 40): edge sets are compared exactly, so such a flip fails.
 WEIGHT_TOL = {"fp32": 2e-4, "bf16": 5e-3}
 UNIT_NORM_TOL = 1e-5  # | ||v|| - 1 | of a stored vector (float32 after normalization: ~1e-7)
-# A stored synonym weight (rounded to 6 decimals) against the cosine recomputed in float64 from the
-# stored float32 vectors (FAISS computes it in float32: ~1e-7).
-SYNONYM_COSINE_TOL = 1e-5
+# A stored synonym weight (the exact cosine of the stored float32 vectors, rounded once to float64)
+# against the cosine recomputed by a float64 matrix product (summation order: ~1e-16).
+SYNONYM_COSINE_TOL = 1e-12
 
 
 def cpu_has_native_bf16_flags() -> bool:
@@ -438,15 +439,25 @@ def _check_faiss_vectors(label: str, index, ids: np.ndarray, stored: np.ndarray)
         f"(L2 {np.linalg.norm(held[wrong] - expected[wrong], axis=1)[:10].round(4).tolist()})")
 
 
+def exact_dot(a: np.ndarray, b: np.ndarray) -> Fraction:
+    """The exact dot product of two float32 vectors (rational arithmetic, no rounding)."""
+    return sum((Fraction(float(x)) * Fraction(float(y)) for x, y in zip(a.tolist(), b.tolist(), strict=True)),
+               Fraction(0))
+
+
 def synonym_edges_by_brute_force(vectors: np.ndarray, config: SynonymConfig,
                                  ) -> tuple[dict[tuple[int, int], float], np.ndarray]:
-    """The documented synonym rule over all entities, in float64 numpy: ``a``-``b`` (``a < b``,
-    row numbers) with cosine >= threshold, neither having more than ``max_neighbors`` such
-    neighbours. Returns the edges with their cosines, and every row's neighbour count."""
+    """The documented synonym rule over all entities: ``a``-``b`` (``a < b``, row numbers) with
+    cosine >= threshold, neither having more than ``max_neighbors`` such neighbours. Cosines in
+    float64 numpy; a pair within 1e-9 of the threshold is decided by the exact dot product of
+    its float32 vectors (:func:`exact_dot`). Returns the edges with their cosines, and every
+    row's neighbour count."""
     v = vectors.astype(np.float64)
     cos = v @ v.T
     np.fill_diagonal(cos, -np.inf)
     similar = cos >= config.threshold
+    for r, c in np.argwhere(np.abs(cos - config.threshold) <= 1e-9).tolist():
+        similar[r, c] = exact_dot(vectors[r], vectors[c]) >= Fraction(config.threshold)
     degree = similar.sum(axis=1)
     linkable = degree <= config.max_neighbors
     rows, cols = np.nonzero(np.triu(similar & linkable[:, None] & linkable[None, :], k=1))

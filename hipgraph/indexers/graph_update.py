@@ -6,6 +6,7 @@ affected entities, mention edges of new/deleted passages, synonym edges of new e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -165,6 +166,72 @@ def add_mention_edges(store: GraphStore, passage_ids: np.ndarray, entity_ids: np
     })
 
 
+# FAISS finds synonym candidates down to this far below the threshold (its float32 scores differ
+# from the exact cosine by ~1e-7); each candidate is then decided by :func:`exact_cosines`
+CANDIDATE_MARGIN = 1e-4
+
+
+def exact_cosines(left: np.ndarray, right: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """Cosines of the float32 unit vectors ``left[i]``, ``right[i]`` and whether each is >= ``threshold``.
+
+    The products of the float32 components are exact in float64; they are summed in a fixed
+    order with error-free transformations (compensated "Sum2": as accurate as twice the float64
+    precision, within ~1 ulp of the exact sum), and the test compares the exact sum with
+    ``threshold`` (inclusive; ``math.fsum`` decides the rare score within 1e-12 of it). Both are
+    functions of the two vectors alone: the same whichever entity was new, which batch held
+    them, and on which side of the pair each vector was.
+    """
+    products = np.asfortranarray(np.asarray(left, np.float64) * np.asarray(right, np.float64))  # exact
+    total = np.zeros(len(products))
+    error = np.zeros(len(products))
+    for column in products.T:  # TwoSum per column: total + error is the running sum
+        new_total = total + column
+        back = new_total - total
+        error += (total - (new_total - back)) + (column - back)
+        total = new_total
+    scores = total + error
+    similar = scores >= threshold
+    for i in np.nonzero(np.abs(scores - threshold) <= 1e-12)[0].tolist():
+        similar[i] = math.fsum([*products[i].tolist(), -threshold]) >= 0.0  # the exact sign
+    return similar, scores
+
+
+def _similar_pairs(store: GraphStore, query_ids: list[int], query_vectors: np.ndarray,
+                   found: list[tuple[np.ndarray, np.ndarray]], threshold: float, skip: set[int],
+                   ) -> list[tuple[int, int, float]]:
+    """``(query id, stored id, cosine)`` of the FAISS candidates ``found`` per query row (stored
+    entities not in ``skip``, never the query itself) whose exact cosine is >= ``threshold``."""
+    rows, others = [], []
+    for row, (ids, _) in enumerate(found):
+        for b in ids.tolist():
+            if b not in skip and b != query_ids[row]:
+                rows.append(row)
+                others.append(b)
+    if not rows:
+        return []
+    stored_ids, stored = store.read_vectors("entity", np.unique(np.asarray(others, np.int64)))
+    at = {int(i): r for r, i in enumerate(stored_ids.tolist())}
+    similar, scores = exact_cosines(query_vectors[rows], stored[[at[b] for b in others]], threshold)
+    return [(query_ids[r], b, float(s))
+            for r, b, s, keep in zip(rows, others, scores.tolist(), similar.tolist(), strict=True) if keep]
+
+
+def _similar_within(ids: list[int], vectors: np.ndarray, threshold: float) -> list[tuple[int, int, float]]:
+    """``(a, b, cosine)`` with ``a < b`` of the pairs among ``vectors`` with exact cosine >= threshold."""
+    rows, cols = [], []
+    for lo in range(0, len(ids), 2048):
+        sims = vectors[lo:lo + 2048] @ vectors.T
+        r, c = np.nonzero(sims >= threshold - CANDIDATE_MARGIN)
+        keep = lo + r < c
+        rows.extend((lo + r[keep]).tolist())
+        cols.extend(c[keep].tolist())
+    if not rows:
+        return []
+    similar, scores = exact_cosines(vectors[rows], vectors[cols], threshold)
+    return [(min(ids[r], ids[c]), max(ids[r], ids[c]), float(s))
+            for r, c, s, keep in zip(rows, cols, scores.tolist(), similar.tolist(), strict=True) if keep]
+
+
 def update_synonyms(
     store: GraphStore,
     entity_index: FaissVectorIndex,
@@ -177,44 +244,40 @@ def update_synonyms(
     """Keep synonym edges equal to their definition after a batch; returns the net change in
     synonym edges among surviving entities (added minus dropped by entities that became hubs).
 
-    Definition (depends only on the set of entities, so any sequence of adds and deletes gives
-    the edges of a from-scratch build): ``a``–``b`` is a synonym edge when their name embeddings
-    have cosine >= ``threshold`` and neither has more than ``max_neighbors`` such neighbours
-    (``entities.synonym_degree``); names similar to very many others (years, generic nouns) are
-    too unspecific to link. ``entity_index`` is the FAISS index as of before the batch (holding
-    the removed entities, not the new ones). Only new and removed entities are searched, plus the
-    few whose degree crosses ``max_neighbors``: never a quadratic recomputation.
+    Definition (depends only on the set of entities and their stored vectors, so any sequence of
+    adds and deletes gives the edges of a from-scratch build): ``a``-``b`` is a synonym edge when
+    the exact cosine of their stored name vectors (:func:`exact_cosines`) is >= ``threshold`` and
+    neither has more than ``max_neighbors`` such neighbours (``entities.synonym_degree``); names
+    similar to very many others (years, generic nouns) are too unspecific to link. The edge's
+    weight is that cosine (unrounded). ``entity_index`` is the FAISS index as of before the
+    batch (holding the removed entities, not the new ones); it only proposes candidates. Only new
+    and removed entities are searched, plus the few whose degree crosses ``max_neighbors``: never
+    a quadratic recomputation.
     """
     thr, cap = config.threshold, config.max_neighbors
+    search = thr - CANDIDATE_MARGIN
+    new_vectors = np.ascontiguousarray(new_vectors, np.float32)  # as stored
+    removed_vectors = np.ascontiguousarray(removed_vectors, np.float32)
     con = store.con
-    removed_set = {int(r) for r in removed_ids}
+    removed_list = [int(r) for r in removed_ids]
+    removed_set = set(removed_list)
     delta: dict[int, int] = {}
-    for ids, _ in entity_index.range_search(removed_vectors, thr):
-        for b in ids.tolist():
-            if b not in removed_set:
-                delta[b] = delta.get(b, 0) - 1
-    # candidate pairs that involve a new entity
+    found = entity_index.range_search(removed_vectors, search)
+    for _, b, _ in _similar_pairs(store, removed_list, removed_vectors, found, thr, removed_set):
+        delta[b] = delta.get(b, 0) - 1
+    # pairs that involve a new entity
     pairs: dict[tuple[int, int], float] = {}
     new_list = [int(n) for n in new_ids]
     new_degree = dict.fromkeys(new_list, 0)
-    for n, (ids, scores) in zip(new_list, entity_index.range_search(new_vectors, thr), strict=True):
-        for b, score in zip(ids.tolist(), scores.tolist(), strict=True):
-            if b in removed_set:
-                continue
-            delta[b] = delta.get(b, 0) + 1
-            new_degree[n] += 1
-            pairs[(min(n, b), max(n, b))] = float(score)
-    for lo in range(0, len(new_list), 2048):
-        sims = new_vectors[lo:lo + 2048] @ new_vectors.T
-        rows, cols = np.nonzero(sims >= thr)
-        for r, c in zip(rows.tolist(), cols.tolist(), strict=True):
-            i = lo + r
-            if i == c:
-                continue
-            new_degree[new_list[i]] += 1
-            a, b = new_list[i], new_list[c]
-            if a < b:
-                pairs[(a, b)] = float(sims[r, c])
+    found = entity_index.range_search(new_vectors, search)
+    for n, b, score in _similar_pairs(store, new_list, new_vectors, found, thr, removed_set):
+        delta[b] = delta.get(b, 0) + 1
+        new_degree[n] += 1
+        pairs[(min(n, b), max(n, b))] = score
+    for a, b, score in _similar_within(new_list, new_vectors, thr):
+        new_degree[a] += 1
+        new_degree[b] += 1
+        pairs[(a, b)] = score
     # degrees of old entities before and after
     old_degree = _degrees(store, delta.keys())
     final = {b: old_degree[b] + d for b, d in delta.items() if b in old_degree}
@@ -238,16 +301,18 @@ def update_synonyms(
             con.execute(f"DELETE FROM edges WHERE {where}")
     if crossed_down:  # linkable again: find all their neighbours in the new state
         down_ids, down_vectors = store.read_vectors("entity", np.asarray(sorted(crossed_down)))
-        found = entity_index.range_search(down_vectors, thr)
-        for row, (b, (ids, scores)) in enumerate(zip(down_ids.tolist(), found, strict=True)):
-            for c, score in zip(ids.tolist(), scores.tolist(), strict=True):
-                if c != b and c not in removed_set:
-                    pairs[(min(b, c), max(b, c))] = float(score)
-            if len(new_list):
-                sims = new_vectors @ down_vectors[row]
-                for j in np.nonzero(sims >= thr)[0].tolist():
-                    n = new_list[j]
-                    pairs[(min(b, n), max(b, n))] = float(sims[j])
+        down_list = down_ids.tolist()
+        found = entity_index.range_search(down_vectors, search)
+        for b, c, score in _similar_pairs(store, down_list, down_vectors, found, thr, removed_set):
+            pairs[(min(b, c), max(b, c))] = score
+        if new_list:
+            rows, cols = np.nonzero(down_vectors @ new_vectors.T >= search)
+            similar, scores = exact_cosines(down_vectors[rows], new_vectors[cols], thr)
+            for r, j, s, keep in zip(rows.tolist(), cols.tolist(), scores.tolist(), similar.tolist(),
+                                     strict=True):
+                if keep:
+                    b, n = down_list[r], new_list[j]
+                    pairs[(min(b, n), max(b, n))] = float(s)
     # keep pairs whose ends are both linkable; skip edges that already exist
     degree = dict(final)
     degree.update(_degrees(store, {x for pair in pairs for x in pair} - set(degree)))
@@ -264,7 +329,7 @@ def update_synonyms(
             "type": pa.array(["synonym"] * len(keep), pa.string()),
             "src": pa.array([a for a, _ in keep], pa.int64()),
             "dst": pa.array([b for _, b in keep], pa.int64()),
-            "weight": pa.array([round(pairs[p], 6) for p in keep], pa.float64()),
+            "weight": pa.array([pairs[p] for p in keep], pa.float64()),
         })
     return len(keep) - dropped
 

@@ -39,7 +39,7 @@ def _vectors_by_name(hg) -> dict[str, np.ndarray]:
 
 
 def test_synonym_edges_do_not_depend_on_batch_size_or_document_order(make_index, sample_docs):
-    """Batch sizes 1, 4 and all, and a shuffled order: the same synonym pairs, degrees and
+    """Batch sizes 3 and all, and a shuffled order: the same synonym pairs, degrees and
     weights (within 1e-6: the stored vectors of one name differ by ~1e-7 between batchings),
     weights bit-identical where both names' vectors are, and each build equal to the brute-force
     rule."""
@@ -47,8 +47,7 @@ def test_synonym_edges_do_not_depend_on_batch_size_or_document_order(make_index,
     shuffled = list(docs)
     random.Random(15).shuffle(shuffled)
     builds = {}
-    for label, batch_size, order in (("one", 1, docs), ("four", 4, docs), ("all", N_DOCS, docs),
-                                     ("shuffled", 5, shuffled)):
+    for label, batch_size, order in (("three", 3, docs), ("all", N_DOCS, docs), ("shuffled", 5, shuffled)):
         hg = make_index(label, config=index_config(synonyms=SynonymConfig(threshold=0.55, max_neighbors=8)))
         hg.add_documents(order, batch_size=batch_size)
         check_consistency(hg)

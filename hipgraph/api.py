@@ -287,7 +287,8 @@ class HipGraph:
 
     def add_conversation(self, conversation: Conversation | Mapping[str, Any], *,
                          config: ConversationConfig | None = None, llm: ChatConfig | None = None,
-                         progress: Progress | None = None, **run: Any) -> IndexReport:
+                         progress: Progress | None = None, dayfirst: bool | None = None,
+                         date_format: str | None = None, **run: Any) -> IndexReport:
         """Remember a conversation: ``{"id", "speakers"?, "sessions": [{"id", "time", "turns":
         [{"speaker", "text", "id"?, "time"?}]}]}`` or a :class:`Conversation`.
 
@@ -297,21 +298,33 @@ class HipGraph:
         added, a changed one replaced. Hits from it carry ``turn_ids``, ``session`` and ``time``.
         With ``llm`` (an endpoint), the model places the topical segment boundaries (prompt
         ``segment``); a session it cannot segment falls back to embeddings, noted in the report.
+        Numeric dates (``01.02.2024``) are read day-first or month-first as decided from all the
+        conversation's dates unless ``dayfirst`` says which; ``date_format`` (``strptime``) reads
+        every time in exactly that format. A session dated before the one listed above it is noted
+        in the report's warnings.
         """
-        return self.add_conversations([conversation], config=config, llm=llm, progress=progress, **run)
+        return self.add_conversations([conversation], config=config, llm=llm, progress=progress,
+                                      dayfirst=dayfirst, date_format=date_format, **run)
 
     def add_conversations(self, conversations: Iterable[Conversation | Mapping[str, Any]], *,
                           config: ConversationConfig | None = None, llm: ChatConfig | None = None,
-                          progress: Progress | None = None, **run: Any) -> IndexReport:
+                          progress: Progress | None = None, dayfirst: bool | None = None,
+                          date_format: str | None = None, **run: Any) -> IndexReport:
         """:meth:`add_conversation` for many (one segmentation embedding call, batched writes);
         ``run`` takes :meth:`add_documents`' ``executor``, ``workers`` and ``ray_address``."""
-        from hipgraph.indexers.conversations import conversation_documents, to_conversation  # noqa: PLC0415
+        from hipgraph.indexers.conversations import (  # noqa: PLC0415
+            DateOrder,
+            conversation_documents,
+            session_order_warnings,
+            to_conversation,
+        )
 
         if self.store.read_only:
             raise StoreError(f"index {self.path} is open read-only")
         self._require_extractor()
-        convs = [to_conversation(c, f"conversations[{i}]") for i, c in enumerate(conversations)]
-        warnings: list[str] = []
+        dates = DateOrder(dayfirst=dayfirst, date_format=date_format)
+        convs = [to_conversation(c, f"conversations[{i}]", dates) for i, c in enumerate(conversations)]
+        warnings = [line for conv in convs for line in session_order_warnings(conv)]
         docs = conversation_documents(convs, self.embedder, config or self.config.conversation,
                                       llm=self.chat_client(llm) if llm is not None else None,
                                       warnings=warnings)

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from hipgraph.cli_options import (
+    add_dates,
     add_db,
     add_embedder,
     add_llm,
     add_output,
     add_retrieval,
     add_strict_json,
+    date_order,
     extractor_config,
     generator_config,
     new_index_config,
@@ -53,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="conversations: memory units (default segment: topical segments)")
     p.add_argument("--llm-segments", action="store_true",
                    help="conversations: the LLM (--llm-base-url/--llm-model) places segment boundaries")
+    add_dates(p)
     p.add_argument("--extractor", default=None,
                    help="spacy (default) | llm | precomputed:FILE (HippoRAG OpenIE JSON)")
     p.add_argument("--id-field", default="id")
@@ -114,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="locomo/longmemeval: evidence recall@k of conversation memory per question "
                         "category, one index per conversation under --db, against a turn-level "
                         "dense baseline")
+    add_dates(p)
     p.add_argument("--modes", default="graph,dense,bm25",
                    help=f"comma-separated modes among {', '.join(_modes())}")
     p.add_argument("--mode", dest="modes", help=argparse.SUPPRESS)  # single-mode alias
@@ -221,7 +225,7 @@ def _index_conversations(args: argparse.Namespace) -> int:
 
     convs = []
     for name in args.inputs:  # every file is read and checked before anything is written
-        convs.extend(read_conversation_file(Path(name), args.fmt)[0])
+        convs.extend(read_conversation_file(Path(name), args.fmt, date_order(args))[0])
     if args.limit is not None:
         convs = convs[: args.limit]
     config = None if GraphStore.has_index(args.db) else new_index_config(args)
@@ -400,7 +404,7 @@ def _eval_memory(args: argparse.Namespace) -> int:
     cutoffs = _cutoffs(args.k)
     # each conversation's index is opened (and built) with the session's embedder, as by index/query
     open_index = functools.partial(hipgraph.open, embedder=session_embedder(args))
-    convs, questions = read_conversation_file(args.bundle, args.fmt)
+    convs, questions = read_conversation_file(args.bundle, args.fmt, date_order(args))
     questions = [q for q in questions if q.get("evidence")][: args.limit]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in _modes()]

@@ -146,3 +146,21 @@ def generator_config(args: argparse.Namespace):
                       api_key_env=args.llm_api_key_env, max_concurrency=args.llm_concurrency)
     return GeneratorConfig(name="openai", chat=chat, context_tokens=args.context_tokens,
                            strict_json=args.strict_json)
+
+
+def add_dates(p: argparse.ArgumentParser) -> None:
+    """How conversations' numeric dates are read (default: decided per conversation)."""
+    group = p.add_argument_group("conversation dates")
+    order = group.add_mutually_exclusive_group()
+    order.add_argument("--dayfirst", dest="dayfirst", action="store_true", default=None,
+                       help="numeric dates are day-first (01.02.2024 is 1 February)")
+    order.add_argument("--monthfirst", dest="dayfirst", action="store_false",
+                       help="numeric dates are month-first (01/02/2024 is 2 January)")
+    order.add_argument("--date-format", default=None,
+                       help="every time is in this strptime format, e.g. '%%d.%%m.%%Y, %%H:%%M:%%S'")
+
+
+def date_order(args: argparse.Namespace):
+    from hipgraph.indexers.conversations import DateOrder  # noqa: PLC0415
+
+    return DateOrder(dayfirst=args.dayfirst, date_format=args.date_format)

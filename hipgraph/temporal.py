@@ -37,8 +37,13 @@ _EARLIEST = datetime(1, 1, 1)
 _LATEST = datetime(9999, 12, 31)
 
 
-def parse_time(value: object, *, where: str = "time") -> datetime:
-    """A naive datetime from ``value`` (see module docstring); InputError naming ``where``."""
+def parse_time(value: object, *, where: str = "time", dayfirst: bool = False,
+               date_format: str | None = None) -> datetime:
+    """A naive datetime from ``value`` (see module docstring); InputError naming ``where``.
+
+    ``dayfirst`` reads a numeric date such as ``01.02.2024`` as 1 February (else 2 January);
+    ``date_format`` (a ``strptime`` format) reads strings in exactly that format and no other.
+    """
     if isinstance(value, datetime):
         return value.replace(tzinfo=None)
     if isinstance(value, date):
@@ -47,6 +52,12 @@ def parse_time(value: object, *, where: str = "time") -> datetime:
         raise InputError(f"{where}: expected a date/time string, got {short_repr(value)}")
     if len(value) > _MAX_TIME_CHARS:
         raise InputError(f"{where}: a date/time of {len(value):,} characters (at most {_MAX_TIME_CHARS})")
+    if date_format is not None:
+        try:
+            return datetime.strptime(value.strip(), date_format)
+        except ValueError as exc:
+            raise InputError(f"{where}: {short_repr(value)} does not match the date format "
+                             f"{date_format!r}") from exc
     text = _WEEKDAY.sub(" ", value).replace(" on ", " ").replace(" at ", " ").strip()
     try:
         return datetime.fromisoformat(text).replace(tzinfo=None)
@@ -55,9 +66,62 @@ def parse_time(value: object, *, where: str = "time") -> datetime:
     from dateutil import parser  # noqa: PLC0415 - only for free-text times
 
     try:
-        return parser.parse(text, default=datetime(2000, 1, 1)).replace(tzinfo=None)
+        return parser.parse(text, default=datetime(2000, 1, 1), dayfirst=dayfirst).replace(tzinfo=None)
     except (ValueError, OverflowError) as exc:
         raise InputError(f"{where}: cannot read {short_repr(value)} as a date/time") from exc
+
+
+_NUMERIC_DATE = re.compile(r"(?<![\d.:/-])(\d{1,2})([./-])(\d{1,2})\2(\d{2}|\d{4})(?![\d/-])")
+
+
+def decide_dayfirst(values: list[tuple[str, object]], *, where: str) -> bool:
+    """Whether the numeric dates among ``values`` (``(where, raw)`` in the order the conversation
+    states them) are written day-first, decided from all of them together:
+
+    - a first field over 12 anywhere means day-first, a second field over 12 month-first (both at
+      once is an InputError naming the two values);
+    - otherwise the order whose times run chronologically with fewer steps backwards wins;
+    - a tie (every date ambiguous and both orders chronological): day-first for dates written
+      with dots (``01.02.2024``, the European convention), month-first for slashes and dashes.
+    """
+    day_first = month_first = None
+    ambiguous: list[tuple[str, str]] = []
+    for at, raw in values:
+        if not isinstance(raw, str):
+            continue
+        for match in _NUMERIC_DATE.finditer(raw):
+            first, second = int(match.group(1)), int(match.group(3))
+            if first > 12 >= second:
+                day_first = day_first or (at, raw)
+            elif second > 12 >= first:
+                month_first = month_first or (at, raw)
+            elif first <= 12 and second <= 12 and first != second:
+                ambiguous.append((at, raw))
+    if day_first and month_first:
+        raise InputError(f"{where}: dates are written both day-first ({day_first[1]!r}, {day_first[0]}) "
+                         f"and month-first ({month_first[1]!r}, {month_first[0]}); give the order "
+                         "(dayfirst=True/False, CLI --dayfirst/--monthfirst) or a date_format")
+    if day_first or month_first:
+        return bool(day_first)
+    if not ambiguous:
+        return False
+    strings = [raw for _, raw in values if isinstance(raw, str)]
+    backwards = {order: _steps_back(strings, order) for order in (True, False)}
+    if backwards[True] != backwards[False]:
+        return backwards[True] < backwards[False]
+    return "." in _NUMERIC_DATE.search(ambiguous[0][1]).group(2)
+
+
+def _steps_back(strings: list[str], dayfirst: bool) -> int:
+    """How often a time read with ``dayfirst`` is earlier than the one before it (unreadable
+    strings are left out; they fail later with their own error)."""
+    times = []
+    for raw in strings:
+        try:
+            times.append(parse_time(raw, dayfirst=dayfirst))
+        except InputError:
+            continue
+    return sum(1 for a, b in zip(times, times[1:], strict=False) if b < a)
 
 
 @dataclass(frozen=True)

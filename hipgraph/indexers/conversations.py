@@ -23,13 +23,15 @@ Each reader also returns the file's questions (for ``hipgraph eval``) as dicts w
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hipgraph.errors import InputError
-from hipgraph.temporal import parse_time
+from hipgraph.errors import ConfigError, InputError
+from hipgraph.temporal import decide_dayfirst, parse_time
 from hipgraph.text.json_files import read_json_file, read_jsonl_file
 from hipgraph.text.limits import MAX_DOCUMENT_CHARS, check_text, short_repr
 from hipgraph.text.memory_units import SESSION_KIND, session_key
@@ -40,6 +42,38 @@ _LOCOMO_CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "singl
 
 
 # ------------------------------------------------------------------ validation
+@dataclass(frozen=True)
+class DateOrder:
+    """How a conversation's numeric dates are read: ``dayfirst`` True (``01.02.2024`` is 1
+    February) or False (2 January), None to decide per conversation from all its dates
+    (:func:`hipgraph.temporal.decide_dayfirst`); ``date_format``, a ``strptime`` format, reads
+    every time in exactly that format."""
+
+    dayfirst: bool | None = None
+    date_format: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dayfirst is not None and not isinstance(self.dayfirst, bool):
+            raise ConfigError(f"dayfirst must be True, False or None, got {self.dayfirst!r}")
+        if self.date_format is not None and (not isinstance(self.date_format, str)
+                                             or "%" not in self.date_format):
+            raise ConfigError(f"date_format must be a strptime format such as '%d.%m.%Y', "
+                              f"got {self.date_format!r}")
+        if self.dayfirst is not None and self.date_format is not None:
+            raise ConfigError("give dayfirst or date_format, not both")
+
+    def reader(self, values: list[tuple[str, Any]], where: str) -> Callable[..., Any]:
+        """``parse_time`` with this order settled for the raw ``(where, value)`` times of one
+        conversation, in the order it states them."""
+        dayfirst = self.dayfirst
+        if dayfirst is None and self.date_format is None:
+            dayfirst = decide_dayfirst(values, where=where)
+        return functools.partial(parse_time, dayfirst=bool(dayfirst), date_format=self.date_format)
+
+
+AUTO_DATES = DateOrder()
+
+
 def _text(value: Any, where: str, field: str, *, required: bool = True) -> str:
     if value is None and not required:
         return ""
@@ -51,8 +85,10 @@ def _text(value: Any, where: str, field: str, *, required: bool = True) -> str:
     return value
 
 
-def to_conversation(record: Conversation | Mapping[str, Any], where: str = "conversation") -> Conversation:
-    """Validate a conversation in hipgraph's format; InputError naming the record and field."""
+def to_conversation(record: Conversation | Mapping[str, Any], where: str = "conversation",
+                    dates: DateOrder = AUTO_DATES) -> Conversation:
+    """Validate a conversation in hipgraph's format; InputError naming the record and field.
+    Its times are read as ``dates`` says (by default the date order is decided from all of them)."""
     if isinstance(record, Conversation):
         return _check_unique(record, where)
     if not isinstance(record, Mapping):
@@ -63,18 +99,19 @@ def to_conversation(record: Conversation | Mapping[str, Any], where: str = "conv
         raise InputError(f"{where}: field 'speakers' must be a list of strings")
     for i, name in enumerate(speakers):
         check_text(name, where, f"speakers[{i}]")
+    read = dates.reader(_raw_times(record, where), where)
     sessions = []
     for i, w, raw in _objects(record, where, "sessions"):
         sid = _text(raw.get("id", i + 1), w, "id")
         turns = [Turn(id=_text(t.get("id", f"{sid}:{j + 1}"), tw, "id"),
                       speaker=_text(t.get("speaker"), tw, "speaker"), text=_text(t.get("text"), tw, "text"),
-                      time=_time(t, tw))
+                      time=_time(t, tw, read))
                  for j, tw, t in _objects(raw, w, "turns")]
         size = sum(len(t.speaker) + len(t.text) + 3 for t in turns)
         if size > MAX_DOCUMENT_CHARS:
             raise InputError(f"{w}: the session's turns hold {size:,} characters, over the limit of "
                              f"{MAX_DOCUMENT_CHARS:,} per session; split it into several sessions")
-        sessions.append(Session(sid, tuple(turns), _time(raw, w)))
+        sessions.append(Session(sid, tuple(turns), _time(raw, w, read)))
     return _check_unique(Conversation(cid, tuple(sessions), tuple(speakers)), where)
 
 
@@ -92,8 +129,38 @@ def _objects(record: Mapping[str, Any], where: str, field: str) -> list[tuple[in
     return out
 
 
-def _time(record: Mapping[str, Any], where: str):
-    return parse_time(record["time"], where=f"{where}.time") if record.get("time") is not None else None
+def _time(record: Mapping[str, Any], where: str, read: Callable[..., Any]):
+    return read(record["time"], where=f"{where}.time") if record.get("time") is not None else None
+
+
+def _raw_times(record: Mapping[str, Any], where: str) -> list[tuple[str, Any]]:
+    """The ``(where, value)`` times of a conversation record, sessions and their turns in order
+    (malformed parts are left out here; validation names them)."""
+    out: list[tuple[str, Any]] = []
+    sessions = record.get("sessions")
+    for i, session in enumerate(sessions if isinstance(sessions, list) else []):
+        if not isinstance(session, Mapping):
+            continue
+        out.append((f"{where}.sessions[{i}].time", session.get("time")))
+        turns = session.get("turns")
+        out.extend((f"{where}.sessions[{i}].turns[{j}].time", t.get("time"))
+                   for j, t in enumerate(turns if isinstance(turns, list) else []) if isinstance(t, Mapping))
+    return out
+
+
+def session_order_warnings(conv: Conversation) -> list[str]:
+    """A line for each session whose time is earlier than the session stated before it (a sign
+    of dates read in the wrong order, or sessions listed out of order)."""
+    out, previous = [], None
+    for session in conv.sessions:
+        if session.time is None:
+            continue
+        if previous is not None and session.time < previous.time:
+            out.append(f"conversation {conv.id!r}: session {session.id!r} ({session.time:%Y-%m-%d %H:%M}) is "
+                       f"earlier than session {previous.id!r} before it ({previous.time:%Y-%m-%d %H:%M}); "
+                       "check the date order (dayfirst) or the sessions' order")
+        previous = session
+    return out
 
 
 def _check_unique(conv: Conversation, where: str) -> Conversation:
@@ -113,8 +180,10 @@ def _check_unique(conv: Conversation, where: str) -> Conversation:
 
 
 # ------------------------------------------------------------------ file formats
-def read_conversation_file(path: Path, fmt: str) -> tuple[list[Conversation], list[dict[str, Any]]]:
-    """Conversations and questions of ``path`` in format ``fmt`` (see module docstring)."""
+def read_conversation_file(path: Path, fmt: str, dates: DateOrder = AUTO_DATES
+                           ) -> tuple[list[Conversation], list[dict[str, Any]]]:
+    """Conversations and questions of ``path`` in format ``fmt`` (see module docstring), their
+    times read as ``dates`` says (by default the date order is decided per conversation)."""
     if fmt not in FORMATS:
         raise InputError(f"unknown conversation format {fmt!r}; available: {', '.join(FORMATS)}")
     path = Path(path)
@@ -122,21 +191,21 @@ def read_conversation_file(path: Path, fmt: str) -> tuple[list[Conversation], li
         rows = read_jsonl_file(path)
         if not rows:
             raise InputError("the file holds no conversations", source=str(path))
-        return [to_conversation(r, f"{path}:{n}") for n, r in rows], []
+        return [to_conversation(r, f"{path}:{n}", dates) for n, r in rows], []
     data = read_json_file(path)
     if fmt == "conversation":
         items = data if isinstance(data, list) else [data]
-        convs = [to_conversation(r, f"{path}: [{i}]") for i, r in enumerate(items)], []
+        convs = [to_conversation(r, f"{path}: [{i}]", dates) for i, r in enumerate(items)], []
     elif fmt == "locomo":
-        convs = _read_locomo(data, str(path))
+        convs = _read_locomo(data, str(path), dates)
     else:
-        convs = _read_longmemeval(data, str(path))
+        convs = _read_longmemeval(data, str(path), dates)
     if not convs[0]:
         raise InputError("the file holds no conversations", source=str(path))
     return convs
 
 
-def _read_locomo(data: Any, where: str) -> tuple[list[Conversation], list[dict[str, Any]]]:
+def _read_locomo(data: Any, where: str, dates: DateOrder) -> tuple[list[Conversation], list[dict[str, Any]]]:
     if isinstance(data, Mapping) and isinstance(data.get("conversations"), list):
         items, flat = data["conversations"], True
         names = {int(k): v.split(" ")[0].strip("(;") for k, v in (data.get("category_names") or {}).items()}
@@ -150,7 +219,7 @@ def _read_locomo(data: Any, where: str) -> tuple[list[Conversation], list[dict[s
         w = f"{where}: conversations[{i}]" if flat else f"{where}: [{i}]"
         if not isinstance(item, Mapping):
             raise InputError(f"{w}: expected an object")
-        conv = _locomo_flat(item, w) if flat else _locomo_original(item, w)
+        conv = _locomo_flat(item, w, dates) if flat else _locomo_original(item, w, dates)
         convs.append(conv)
         last = max((s.time for s in conv.sessions if s.time is not None), default=None)
         raw_qs = item.get("questions" if flat else "qa") or []
@@ -179,10 +248,12 @@ def _caption(turn: Mapping[str, Any]) -> str:
     return f" [shares an image: {caption}]" if isinstance(caption, str) and caption.strip() else ""
 
 
-def _locomo_flat(item: Mapping[str, Any], w: str) -> Conversation:
+def _locomo_flat(item: Mapping[str, Any], w: str, dates: DateOrder) -> Conversation:
     turns = item.get("turns")
     if not isinstance(turns, list) or not turns:
         raise InputError(f"{w}: field 'turns' must be a non-empty list")
+    read = dates.reader([(f"{w}.turns[{j}].session_date_time", t.get("session_date_time"))
+                         for j, t in enumerate(turns) if isinstance(t, Mapping)], w)
     cid = _text(item.get("id"), w, "id")
     sessions: dict[str, dict[str, Any]] = {}
     dated: dict[str, tuple[str, Any]] = {}  # session -> (where, raw value) of its first time
@@ -195,7 +266,7 @@ def _locomo_flat(item: Mapping[str, Any], w: str) -> Conversation:
         raw_time = t.get("session_date_time")
         if raw_time is not None:  # every turn's copy is read: they must agree
             at = f"{tw}.session_date_time (conversation {cid!r}, session {sid})"
-            time = parse_time(raw_time, where=at)
+            time = read(raw_time, where=at)
             if s["time"] is None:
                 s["time"], dated[sid] = time, (tw, raw_time)
             elif time != s["time"]:
@@ -206,33 +277,34 @@ def _locomo_flat(item: Mapping[str, Any], w: str) -> Conversation:
                            "text": _text(t.get("text"), tw, "text") + _caption(t)})
     record = {"id": cid, "speakers": item.get("speakers") or [],
               "sessions": list(sessions.values())}
-    return to_conversation(record, w)
+    return to_conversation(record, w, dates)
 
 
-def _locomo_original(item: Mapping[str, Any], w: str) -> Conversation:
+def _locomo_original(item: Mapping[str, Any], w: str, dates: DateOrder) -> Conversation:
     conv = item.get("conversation")
     if not isinstance(conv, Mapping):
         raise InputError(f"{w}: field 'conversation' must be an object")
     numbers = sorted(int(m.group(1)) for k in conv if (m := re.fullmatch(r"session_(\d+)", k)))
     cid = item.get("sample_id", item.get("id"))
+    read = dates.reader([(f"{w}.conversation.session_{n}_date_time", conv.get(f"session_{n}_date_time"))
+                         for n in numbers], w)
     sessions = []
     for n in numbers:
         turns = conv[f"session_{n}"]
         if not isinstance(turns, list):
             raise InputError(f"{w}.conversation.session_{n}: expected a list of turns")
         key = f"session_{n}_date_time"
-        time = None if conv.get(key) is None else parse_time(
+        time = None if conv.get(key) is None else read(
             conv[key], where=f"{w}.conversation.{key} (conversation {cid!r}, session {n})")
         sessions.append({"id": str(n), "time": time,
                          "turns": [{"id": t.get("dia_id"), "speaker": t.get("speaker"),
                                     "text": (t.get("text") or "") + _caption(t)}
                                    if isinstance(t, Mapping) else t for t in turns]})
     speakers = [s for s in (conv.get("speaker_a"), conv.get("speaker_b")) if isinstance(s, str)]
-    return to_conversation({"id": cid, "speakers": speakers,
-                            "sessions": sessions}, w)
+    return to_conversation({"id": cid, "speakers": speakers, "sessions": sessions}, w, dates)
 
 
-def _read_longmemeval(data: Any, where: str) -> tuple[list[Conversation], list[dict[str, Any]]]:
+def _read_longmemeval(data: Any, where: str, dates: DateOrder) -> tuple[list[Conversation], list[dict[str, Any]]]:
     items = data if isinstance(data, list) else [data]
     convs, questions = [], []
     for i, item in enumerate(items):
@@ -240,14 +312,16 @@ def _read_longmemeval(data: Any, where: str) -> tuple[list[Conversation], list[d
         if not isinstance(item, Mapping):
             raise InputError(f"{w}: expected an object")
         qid = _text(item.get("question_id"), w, "question_id")
-        hs, ids, dates = (item.get("haystack_sessions"), item.get("haystack_session_ids"),
+        hs, ids, times = (item.get("haystack_sessions"), item.get("haystack_session_ids"),
                           item.get("haystack_dates"))
-        if not isinstance(hs, list) or not isinstance(ids, list) or not isinstance(dates, list) \
-                or not len(hs) == len(ids) == len(dates):
+        if not isinstance(hs, list) or not isinstance(ids, list) or not isinstance(times, list) \
+                or not len(hs) == len(ids) == len(times):
             raise InputError(f"{w}: 'haystack_sessions', 'haystack_session_ids' and 'haystack_dates' "
                              "must be lists of the same length")
         sessions, evidence = [], []
-        for j, (sid, date, turns) in enumerate(zip(ids, dates, hs, strict=True)):
+        read = dates.reader([(f"{w}.haystack_dates[{j}]", d) for j, d in enumerate(times)]
+                            + [(f"{w}.question_date", item.get("question_date"))], w)
+        for j, (sid, date, turns) in enumerate(zip(ids, times, hs, strict=True)):
             if not isinstance(turns, list):
                 raise InputError(f"{w}.haystack_sessions[{j}]: expected a list of turns")
             rows = []
@@ -258,8 +332,10 @@ def _read_longmemeval(data: Any, where: str) -> tuple[list[Conversation], list[d
                 rows.append({"id": tid, "speaker": t.get("role"), "text": t.get("content")})
                 if t.get("has_answer"):
                     evidence.append(tid)
-            sessions.append({"id": str(sid), "time": date, "turns": rows})
-        convs.append(to_conversation({"id": qid, "speakers": ["user", "assistant"], "sessions": sessions}, w))
+            sessions.append({"id": str(sid), "time": read(date, where=f"{w}.haystack_dates[{j}]")
+                             if date is not None else None, "turns": rows})
+        convs.append(to_conversation({"id": qid, "speakers": ["user", "assistant"], "sessions": sessions},
+                                     w, dates))
         answer_sessions = {str(s) for s in item.get("answer_session_ids") or []}
         if not evidence:  # session-level evidence: every turn of the answer sessions
             evidence = [t.id for s in convs[-1].sessions if s.id in answer_sessions for t in s.turns]
@@ -267,7 +343,7 @@ def _read_longmemeval(data: Any, where: str) -> tuple[list[Conversation], list[d
         questions.append({"id": qid, "question": _text(item.get("question"), w, "question"),
                           "answer": str(item.get("answer", "")), "category": str(item.get("question_type", "")),
                           "evidence": evidence, "conversation": qid,
-                          "question_date": parse_time(qdate, where=f"{w}.question_date").isoformat()
+                          "question_date": read(qdate, where=f"{w}.question_date").isoformat()
                           if qdate else None})
     return convs, questions
 

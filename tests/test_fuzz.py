@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import INLINE_DOCS, dump_index, index_config
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import hipgraph
@@ -35,7 +35,9 @@ VALUE = st.recursive(LEAF, lambda inner: st.lists(inner, max_size=3)
 RECORD = st.fixed_dictionaries({}, optional={
     "id": st.sampled_from(["a", "b", "c"]) | st.integers(-3, 3) | VALUE,
     "text": WORDS | VALUE, "title": WORDS | VALUE, "metadata": VALUE, "tag": VALUE, "idx": VALUE})
-RECORDS = st.lists(RECORD | VALUE, max_size=4)
+VALID_RECORD = st.fixed_dictionaries({"id": st.sampled_from(["a", "b", "c"]), "text": WORDS},
+                                     optional={"title": SOME_TEXT, "metadata": VALUE, "tag": VALUE})
+RECORDS = st.lists(VALID_RECORD, min_size=1, max_size=4) | st.lists(VALID_RECORD | RECORD | VALUE, max_size=4)
 TURN = st.fixed_dictionaries({"speaker": st.sampled_from(["Ann", "Ben"]) | VALUE, "text": WORDS | VALUE},
                              optional={"id": VALUE, "time": VALUE})
 SESSION = st.fixed_dictionaries({"turns": st.lists(TURN | VALUE, max_size=3)},
@@ -53,7 +55,7 @@ def file_bytes(draw, content: st.SearchStrategy) -> bytes:
     value = draw(content)
     text = json.dumps(value, ensure_ascii=draw(st.booleans()), allow_nan=True)
     data = text.encode("utf-8", "surrogatepass")
-    damage = draw(st.sampled_from(["none", "none", "truncate", "byte", "deep"]))
+    damage = draw(st.sampled_from(["none", "none", "none", "none", "truncate", "byte", "deep"]))
     if damage == "truncate" and data:
         data = data[: draw(st.integers(0, len(data) - 1))]
     elif damage == "byte":
@@ -76,7 +78,7 @@ def jsonl_bytes(draw, item: st.SearchStrategy) -> bytes:
 
 
 DOCUMENT_FILES = st.tuples(st.just(".json"), file_bytes(RECORDS | st.fixed_dictionaries({"corpus": RECORDS}))) \
-    | st.tuples(st.just(".jsonl"), jsonl_bytes(RECORD | VALUE))
+    | st.tuples(st.just(".jsonl"), jsonl_bytes(VALID_RECORD | VALID_RECORD | RECORD | VALUE))
 CONVERSATION_FILES = st.tuples(st.just(".json"), file_bytes(st.lists(CONVERSATION, max_size=2) | CONVERSATION)) \
     | st.tuples(st.just(".jsonl"), jsonl_bytes(CONVERSATION))
 LOCOMO_FILES = st.tuples(st.just(".json"), file_bytes(st.fixed_dictionaries({"conversations": st.lists(
@@ -148,8 +150,10 @@ def test_a_generated_file_is_indexed_whole_or_not_at_all(fuzz_index, case):
             records = _read_documents(_write(Path(folder), suffix, data))
             report = fuzz_index.add_documents(records, batch_size=1)
         except InputError:
+            event("refused")
             assert dump_index(fuzz_index) == before  # refused: nothing written
             return
+    event(f"accepted: {report.added} added, {report.replaced} replaced, {report.unchanged} unchanged")
     # accepted: every record with text is stored as given (the later of a repeated id wins)
     expected = {}
     for record in records:
@@ -191,8 +195,10 @@ def test_a_generated_conversation_file_is_remembered_whole_or_not_at_all(fuzz_in
             conversations, _ = read_conversation_file(_write(Path(folder), suffix, data), "conversation")
             fuzz_index.add_conversations(conversations)
         except InputError:
+            event("refused")
             assert dump_index(fuzz_index) == before
             return
+    event(f"accepted: {len(conversations)} conversations")
     stored = _stored(fuzz_index)
     for conv in conversations:
         for session in conv.sessions:

@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated modes among {', '.join(_modes())}")
     p.add_argument("--mode", dest="modes", help=argparse.SUPPRESS)  # single-mode alias
     p.add_argument("--k", default="1,2,5,10", help="comma-separated cut-offs")
+    p.add_argument("--turn-budgets", default="5,10,20",
+                   help="locomo/longmemeval: evidence recall within the first B retrieved turns "
+                        "(comma-separated; empty: none)")
+    p.add_argument("--token-budgets", default="500,1000,2000",
+                   help="locomo/longmemeval: evidence recall within N tokens of retrieved turns "
+                        "(comma-separated; empty: none)")
     p.add_argument("--limit", type=int, default=None, help="first N questions")
     p.add_argument("--out", type=Path, default=None, help="write per-question rankings as JSONL")
     group = p.add_argument_group("answers")
@@ -332,6 +338,17 @@ def _cutoffs(text: str) -> list[int]:
     return cutoffs
 
 
+def _budgets(text: str, flag: str) -> list[int]:
+    """Comma-separated budgets (integers >= 1); an empty string means none."""
+    try:
+        budgets = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError as exc:
+        raise InputError(f"{flag} must be comma-separated integers, got {text!r}") from exc
+    if budgets and budgets[0] < 1:
+        raise InputError(f"{flag} budgets must be integers >= 1, got {text!r}")
+    return budgets
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     import hipgraph  # noqa: PLC0415
     from hipgraph.evaluation import evaluate, load_bundle  # noqa: PLC0415
@@ -399,9 +416,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval_memory(args: argparse.Namespace) -> int:
     import hipgraph  # noqa: PLC0415
     from hipgraph.indexers.conversations import read_conversation_file  # noqa: PLC0415
-    from hipgraph.memory_eval import evaluate_memory  # noqa: PLC0415
+    from hipgraph.memory_eval import BASELINE, evaluate_memory  # noqa: PLC0415
 
     cutoffs = _cutoffs(args.k)
+    turn_budgets = _budgets(args.turn_budgets, "--turn-budgets")
+    token_budgets = _budgets(args.token_budgets, "--token-budgets")
     # each conversation's index is opened (and built) with the session's embedder, as by index/query
     open_index = functools.partial(hipgraph.open, embedder=session_embedder(args))
     convs, questions = read_conversation_file(args.bundle, args.fmt, date_order(args))
@@ -415,25 +434,61 @@ def _eval_memory(args: argparse.Namespace) -> int:
         results, index_seconds = evaluate_memory(args.db, convs, questions, modes, cutoffs,
                                                  config=retrieval_config(args), progress=bar.update,
                                                  generator=generator, answer_k=args.answer_k,
-                                                 open_index=open_index)
+                                                 open_index=open_index, turn_budgets=turn_budgets,
+                                                 token_budgets=token_budgets)
+    rows = [r.to_dict() for r in results]
+    base = next(d for d in rows if d["mode"] == BASELINE)
+    columns = ([f"turns@{b}" for b in turn_budgets] + [f"tokens@{n}" for n in token_budgets]
+               + [f"recall@{k}" for k in cutoffs])
     out = {"file": str(args.bundle), "questions": len(questions), "index_seconds": index_seconds,
-           "results": [r.to_dict() for r in results]}
+           "results": rows,
+           f"vs_{BASELINE}": {d["mode"]: _differences(d, base, columns) for d in rows if d is not base}}
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    print(f"{len(questions)} questions with evidence turns in {args.bundle}")
+    print(f"{len(questions)} questions with evidence turns in {args.bundle}; evidence recall (%) "
+          f"within B retrieved turns (T@B) and N tokens of turns (tok@N) over the "
+          f"{base['budget_questions']} non-adversarial ones, then within the top-k units (R@k) over "
+          f"all; other modes show the difference to {BASELINE} after each value")
     if index_seconds:
         print("indexed " + ", ".join(f"{c} in {s:.1f}s" for c, s in index_seconds.items()))
-    print("mode        " + "".join(f"  R@{k:<4d}" for k in cutoffs) + "   ms/q")
-    for r in results:
-        print(f"{r.mode:11s} " + "".join(f"  {r.recall[k]:6.2f}" for k in cutoffs) + f"  {r.ms_per_query:6.1f}")
+    names = ([f"T@{b}" for b in turn_budgets] + [f"tok@{n}" for n in token_budgets]
+             + [f"R@{k}" for k in cutoffs])
+    print(f"{'mode / category':18s}" + "".join(f"{n:>13s}" for n in names) + "   ms/q")
+    for r, d in zip(results, rows, strict=True):
+        print(f"{r.mode:18s}" + _cells(d, base, columns) + f"  {r.ms_per_query:6.1f}")
         if r.qa:
             print(f"  answers: EM {r.qa['exact_match']:.2f}  F1 {r.qa['f1']:.2f}  abstained "
                   f"{r.qa['abstention_rate']:.2f}% (n={r.qa['questions']}); adversarial abstained "
                   f"{r.qa['adversarial_abstained']:.2f}%")
-        for c, rec in r.by_category.items():
-            print(f"  {c[:12]:12s}" + "".join(f"  {rec[k]:6.2f}" for k in cutoffs) + f"   (n={r.counts[c]})")
+        for c, cat in d["by_category"].items():
+            print(f"  {c[:16]:16s}" + _cells(cat, base["by_category"][c], columns, d is base)
+                  + f"   (n={r.counts[c]})")
     return 0
+
+
+def _differences(row: dict[str, Any], base: dict[str, Any], columns: list[str]) -> dict[str, Any]:
+    """``row`` minus ``base`` on each column both have, overall and per category."""
+    def diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+        return {c: round(a[c] - b[c], 2) for c in columns if c in a and c in b}
+
+    return {**diff(row, base), "by_category": {c: diff(v, base["by_category"].get(c, {}))
+                                               for c, v in row["by_category"].items()}}
+
+
+def _cells(row: dict[str, Any], base: dict[str, Any], columns: list[str], is_base: bool | None = None) -> str:
+    """One 13-character cell per column: the value, and its difference to ``base`` unless this is
+    the baseline; ``-`` where the row has no value (budgets leave adversarial questions out)."""
+    is_base = row is base if is_base is None else is_base
+    cells = []
+    for c in columns:
+        if c not in row:
+            cells.append(f"{'-':>13s}")
+        elif is_base or c not in base:
+            cells.append(f"{row[c]:7.1f}      ")
+        else:
+            cells.append(f"{row[c]:7.1f}{row[c] - base[c]:+6.1f}")
+    return "".join(cells)
 
 
 def _is_empty(db: Path) -> bool:

@@ -605,3 +605,18 @@ def fill_disk(folder: Path) -> Path:
             if exc.errno != errno.ENOSPC:
                 raise
     return filler
+
+
+def cli_in_process(*args: str) -> int:
+    """``hipgraph ARGS`` in this process, its exit status (the CLI's logging setup undone
+    afterwards); argparse's own refusals still raise SystemExit."""
+    import logging
+
+    from hipgraph.cli import main as cli_main
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        return cli_main(list(args))
+    finally:
+        root.handlers[:], root.level = handlers, level

@@ -8,9 +8,8 @@ import logging
 import re
 
 import pytest
-from conftest import MULTIHOP_QUESTION, copy_index, run_cli
+from conftest import MULTIHOP_QUESTION, cli_in_process, copy_index, run_cli
 
-from hipgraph.cli import main as cli_main
 from hipgraph.config import ChatConfig, GeneratorConfig
 from hipgraph.errors import ConfigError, GenerationError
 from hipgraph.generation.answer import prose_citations
@@ -199,27 +198,17 @@ def test_cli_answer_prose_reply_and_strict_json(inline_template, tmp_path, capsy
     args = ["query", "--db", db, QUESTION, "-k", "3", "--answer", "--llm-model", "m"]
     with ScriptedOpenAIServer(["It was G. Stanley Hall [2]."] * 3) as srv:
         args += ["--llm-base-url", srv.base_url]
-        assert _cli(*args) == 0
+        assert cli_in_process(*args) == 0
         out = capsys.readouterr().out.splitlines()
-        assert _cli(*args, "--json") == 0
+        assert cli_in_process(*args, "--json") == 0
         data = json.loads(capsys.readouterr().out)
-        assert _cli(*args, "--strict-json") == 1  # a GenerationError, as for any malformed reply
+        assert cli_in_process(*args, "--strict-json") == 1  # a GenerationError, as for any malformed reply
         err = capsys.readouterr().err
     assert out[1] == "A: It was G. Stanley Hall [2]. (unstructured reply)"
     assert out[2].startswith("  [1] ") and len(out) == 3  # the one passage it cites
     assert data["answer"] == "It was G. Stanley Hall [2]." and data["usage"]["format"] == "prose"
     assert data["citations"][0]["title"] == out[2][6:].rsplit(" (doc ", 1)[0]
     assert err.startswith("hipgraph: error: ") and "must be a JSON object, got list" in err
-
-
-def _cli(*args: str) -> int:
-    """``hipgraph ARGS`` in this process (the CLI's logging setup undone afterwards)."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        return cli_main(list(args))
-    finally:
-        root.handlers[:], root.level = handlers, level
 
 
 # ------------------------------------------------------------------ QA evaluation

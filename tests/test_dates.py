@@ -4,13 +4,11 @@ dates, an explicit order or strptime format, and a warning when sessions come ou
 from __future__ import annotations
 
 import json
-import logging
 from datetime import datetime
 
 import pytest
-from conftest import copy_index
+from conftest import cli_in_process, copy_index
 
-from hipgraph.cli import main as cli_main
 from hipgraph.errors import ConfigError, InputError
 from hipgraph.indexers.conversations import (
     DateOrder,
@@ -107,17 +105,11 @@ def test_the_cli_takes_the_date_order(inline_template, tmp_path, capsys):
     path.write_text(json.dumps(_conv("02.01.2024", "02.05.2024")), encoding="utf-8")
     assert [s.time for s in read_conversation_file(path, "conversation")[0][0].sessions] == [
         datetime(2024, 1, 2), datetime(2024, 5, 2)]
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        assert cli_main(["index", "--db", db, "--format", "conversation", "--monthfirst", "--json",
-                         str(path)]) == 0
-        assert cli_main(["index", "--db", db, "--format", "conversation", "--dayfirst", "--monthfirst",
-                         str(path)]) == 2
-    except SystemExit as exc:  # argparse refuses the two flags together with status 2
-        assert exc.code == 2
-    finally:
-        root.handlers[:], root.level = handlers, level
+    assert cli_in_process("index", "--db", db, "--format", "conversation", "--monthfirst", "--json",
+                          str(path)) == 0
+    with pytest.raises(SystemExit) as refused:  # argparse refuses the two flags together
+        cli_in_process("index", "--db", db, "--format", "conversation", "--dayfirst", "--monthfirst", str(path))
+    assert refused.value.code == 2
     times = sorted(json.loads(m)["time"] for (m,) in __import__("duckdb").connect(
         f"{db}/graph.duckdb", read_only=True).execute(
         "SELECT metadata FROM documents WHERE key LIKE 'chat#%'").fetchall())

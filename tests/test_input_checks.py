@@ -5,15 +5,13 @@ spaces are cut, never refused; the JSON readers and the LLM reply parser survive
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import INLINE_DOCS, REPO, copy_index, dump_index, run_cli
+from conftest import INLINE_DOCS, REPO, cli_in_process, copy_index, dump_index, run_cli
 
-from hipgraph.cli import main as cli_main
 from hipgraph.errors import ConfigError, ExtractionError, InputError
 from hipgraph.indexers.chunking import chunk_document
 from hipgraph.indexers.extract_spacy import SpacyExtractor, split_for_parsing
@@ -29,15 +27,6 @@ except ImportError:  # tests/ is not a package: pytest puts it on sys.path
 DEEP = "[" * 100_000 + "]" * 100_000
 GOOD = [{"id": f"good{i}", "title": f"Good {i}", "text": f"Ada Lovelace wrote note {i} in London."}
         for i in range(6)]
-
-
-def _cli(*args: str) -> int:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        return cli_main(list(args))
-    finally:
-        root.handlers[:], root.level = handlers, level
 
 
 def _one_line(err: str) -> str:
@@ -77,14 +66,14 @@ def test_a_bad_record_late_in_a_file_refuses_the_file_whole(inline_template, tmp
     before = dump_index(db)
     jsonl = tmp_path / "late.jsonl"
     jsonl.write_text("\n".join([json.dumps(d) for d in GOOD] + [line]) + "\n", encoding="utf-8")
-    assert _cli("index", "--db", str(db), "--batch-size", "2", str(jsonl)) == 2
+    assert cli_in_process("index", "--db", str(db), "--batch-size", "2", str(jsonl)) == 2
     err = _one_line(capsys.readouterr().err)
     assert f"{jsonl}:7: " in err and message in err, err
     assert dump_index(db) == before  # nothing of the file was written
     # the same record inside a JSON list names its index
     listed = tmp_path / "late.json"
     listed.write_text("[" + ",".join([json.dumps(d) for d in GOOD] + [line]) + "]", encoding="utf-8")
-    assert _cli("index", "--db", str(db), "--batch-size", "2", str(listed)) == 2
+    assert cli_in_process("index", "--db", str(db), "--batch-size", "2", str(listed)) == 2
     err = _one_line(capsys.readouterr().err)
     assert f"{listed}[6]: " in err and message in err, err
     assert dump_index(db) == before
@@ -120,7 +109,7 @@ def test_json_nested_past_the_parser_is_an_input_error_in_every_reader(inline_te
     for name, (options, content) in cases.items():
         path = tmp_path / name
         path.write_text(content, encoding="utf-8")
-        assert _cli("index", "--db", db, *options, str(path)) == 2, name
+        assert cli_in_process("index", "--db", db, *options, str(path)) == 2, name
         err = _one_line(capsys.readouterr().err)
         line = ":2: " if name == "deep.jsonl" else (":1: " if name.endswith(".jsonl") else ": ")
         assert f"{path}{line}JSON nested too deeply to read" in err, err
@@ -131,12 +120,12 @@ def test_undecodable_bytes_in_a_conversation_file_name_the_line(inline_template,
     good = {"id": "c1", "sessions": [{"id": "s1", "turns": [{"speaker": "Ann", "text": "hello"}]}]}
     path = tmp_path / "chats.jsonl"
     path.write_bytes(json.dumps(good).encode() + b"\n\n" + b'{"id": "c2", "text": "caf\xe9"}\n')
-    assert _cli("index", "--db", db, "--format", "conversation", str(path)) == 2
+    assert cli_in_process("index", "--db", db, "--format", "conversation", str(path)) == 2
     err = _one_line(capsys.readouterr().err)
     assert f"{path}:3: undecodable bytes (not UTF-8)" in err, err
     # line numbers count blank lines: a bad record on line 3 is named as line 3
     path.write_text(json.dumps(good) + "\n\n" + '{"id": "c2", "sessions": []}\n', encoding="utf-8")
-    assert _cli("index", "--db", db, "--format", "conversation", str(path)) == 2
+    assert cli_in_process("index", "--db", db, "--format", "conversation", str(path)) == 2
     assert f"{path}:3: field 'sessions' must be a non-empty list" in _one_line(capsys.readouterr().err)
 
 
@@ -153,7 +142,7 @@ def test_conversation_text_that_utf8_cannot_store_is_refused(make_index):
 
 def test_an_undecodable_cli_argument_exits_2(inline_template, tmp_path, capsys):
     db = str(copy_index(inline_template, tmp_path))
-    assert _cli("query", "--db", db, "caf\udce9 society") == 2  # how Python passes byte 0xe9
+    assert cli_in_process("query", "--db", db, "caf\udce9 society") == 2  # how Python passes byte 0xe9
     assert "argument 4 is not valid UTF-8 (byte 0xe9 at character 3)" in _one_line(capsys.readouterr().err)
     proc = subprocess.run([sys.executable, "-m", "hipgraph", "query", "--db", db.encode(), b"caf\xe9"],
                           capture_output=True, cwd=str(REPO), timeout=300,
@@ -182,7 +171,7 @@ def test_an_empty_input_file_says_so(inline_template, tmp_path, capsys, content,
     db = str(copy_index(inline_template, tmp_path))
     path = tmp_path / ("in.json" if content.startswith(("[", "{")) else "in.jsonl")
     path.write_text(content, encoding="utf-8")
-    assert _cli("index", "--db", db, *options, str(path)) == 2
+    assert cli_in_process("index", "--db", db, *options, str(path)) == 2
     assert f"{path}: {message}" in _one_line(capsys.readouterr().err)
 
 
@@ -191,7 +180,7 @@ def test_a_folder_without_text_files_says_so(inline_template, tmp_path, capsys):
     folder = tmp_path / "notes"
     (folder / "sub").mkdir(parents=True)
     (folder / "sub" / "scan.pdf").write_bytes(b"%PDF-1.4")
-    assert _cli("index", "--db", db, str(folder)) == 2
+    assert cli_in_process("index", "--db", db, str(folder)) == 2
     assert f"{folder}: the folder holds no .txt or .md files" in _one_line(capsys.readouterr().err)
 
 

@@ -6,14 +6,12 @@ into exit status 2 with a one-line message - on real DuckDB, FAISS, MiniLM and s
 from __future__ import annotations
 
 import json
-import logging
 import tracemalloc
 
 import numpy as np
 import pytest
-from conftest import MULTIHOP_QUESTION, REPO, SAMPLE_BUNDLE, copy_index, run_cli
+from conftest import MULTIHOP_QUESTION, REPO, SAMPLE_BUNDLE, cli_in_process, copy_index, run_cli
 
-from hipgraph.cli import main as cli_main
 from hipgraph.config import RetrievalConfig, VectorIndexConfig
 from hipgraph.errors import ConfigError
 from hipgraph.query.engine import MODES
@@ -152,16 +150,6 @@ def _one_line_error(err: str) -> str:
     return err
 
 
-def _cli(*args: str) -> int:
-    """``hipgraph ARGS`` in this process (the CLI's logging setup undone afterwards)."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        return cli_main(list(args))
-    finally:
-        root.handlers[:], root.level = handlers, level
-
-
 def test_cli_user_errors_exit_2_with_one_line(inline_template, tmp_path, capsys):
     db = str(copy_index(inline_template, tmp_path))
     cases = [([""], "question 0 is empty"), (["   "], "question 0 is empty"),
@@ -170,10 +158,10 @@ def test_cli_user_errors_exit_2_with_one_line(inline_template, tmp_path, capsys)
              (["x" * 4001], "question 0 is 4001 characters long, over the limit of 4000"),
              (["--mode", "dense", "-k", "0", "anything"], "k must be an integer >= 1")]
     for args, message in cases:
-        assert _cli("query", "--db", db, *args) == 2, args
+        assert cli_in_process("query", "--db", db, *args) == 2, args
         assert message in _one_line_error(capsys.readouterr().err), args
     with pytest.raises(SystemExit) as unknown:  # argparse: usage and exit status 2
-        _cli("query", "--db", db, "--mode", "sparse", "anything")
+        cli_in_process("query", "--db", db, "--mode", "sparse", "anything")
     assert unknown.value.code == 2 and "invalid choice: 'sparse'" in capsys.readouterr().err
     # the same through the installed entry point, in its own process
     proc = run_cli("query", "--db", db, "-k", "0", "anything")

@@ -251,13 +251,16 @@ class Indexer:
         return {key: (int(doc_id), h) for key, doc_id, h in rows}
 
     def _plan(self, docs: list[Document], pending: dict[str, str]) -> _Batch:
-        """Drop unchanged documents (already stored, or in the batch being written) and chunk."""
+        """Drop unchanged documents (equal to the version in a batch still being written, else to
+        the stored one) and chunk."""
         existing = self._existing([d.id for d in docs])
         batch = _Batch()
         for doc in docs:
             h = content_hash(doc)
             old = existing.get(doc.id)
-            if (old is not None and old[1] == h) or pending.get(doc.id) == h:
+            # a version planned but not yet written is what this one replaces, not the stored one
+            current = pending[doc.id] if doc.id in pending else (old[1] if old is not None else None)
+            if current == h:
                 batch.report.unchanged += 1
                 continue
             batch.docs.append(doc)

@@ -140,28 +140,37 @@ def test_conversation_readers_raise_only_input_errors(fmt, case):
             assert str(exc).startswith(str(path)) and len(str(exc)) < 500, exc
 
 
+def _whole_or_nothing(hg, suffix: str, data: bytes, write):
+    """``write(path)`` on ``data`` saved as a file; None when it refused the file with an
+    InputError, after checking that the index is exactly as before (no partial write)."""
+    before = dump_index(hg)
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            return write(_write(Path(folder), suffix, data))
+        except InputError:
+            event("refused")
+            assert dump_index(hg) == before
+            return None
+
+
 @fuzz(40)
 @given(DOCUMENT_FILES)
 def test_a_generated_file_is_indexed_whole_or_not_at_all(fuzz_index, case):
-    suffix, data = case
-    before = dump_index(fuzz_index)
-    with tempfile.TemporaryDirectory() as folder:
-        try:
-            records = _read_documents(_write(Path(folder), suffix, data))
-            report = fuzz_index.add_documents(records, batch_size=1)
-        except InputError:
-            event("refused")
-            assert dump_index(fuzz_index) == before  # refused: nothing written
-            return
+    def index(path):
+        records = _read_documents(path)
+        return records, fuzz_index.add_documents(records, batch_size=1)
+
+    accepted = _whole_or_nothing(fuzz_index, *case, index)
+    if accepted is None:
+        return
+    records, report = accepted
     event(f"accepted: {report.added} added, {report.replaced} replaced, {report.unchanged} unchanged")
-    # accepted: every record with text is stored as given (the later of a repeated id wins)
+    # every record with text is stored as given (the later of a repeated id wins)
     expected = {}
     for record in records:
-        try:
+        with contextlib.suppress(SkippedRecord):
             doc = to_document(record, where="r")
-        except SkippedRecord:
-            continue
-        expected[doc.id] = doc
+            expected[doc.id] = doc
     assert report.skipped == len(records) - sum(1 for r in records if _has_text(r))
     stored = _stored(fuzz_index)
     for key, doc in expected.items():
@@ -188,16 +197,14 @@ def _stored(hg) -> dict[str, tuple[str, list[str]]]:
 @fuzz(25)
 @given(CONVERSATION_FILES)
 def test_a_generated_conversation_file_is_remembered_whole_or_not_at_all(fuzz_index, case):
-    suffix, data = case
-    before = dump_index(fuzz_index)
-    with tempfile.TemporaryDirectory() as folder:
-        try:
-            conversations, _ = read_conversation_file(_write(Path(folder), suffix, data), "conversation")
-            fuzz_index.add_conversations(conversations)
-        except InputError:
-            event("refused")
-            assert dump_index(fuzz_index) == before
-            return
+    def remember(path):
+        conversations, _ = read_conversation_file(path, "conversation")
+        fuzz_index.add_conversations(conversations)
+        return conversations
+
+    conversations = _whole_or_nothing(fuzz_index, *case, remember)
+    if conversations is None:
+        return
     event(f"accepted: {len(conversations)} conversations")
     stored = _stored(fuzz_index)
     for conv in conversations:

@@ -43,11 +43,22 @@ def percentile(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
+def bundle_questions(path: Path, conversation: str) -> list[str]:
+    """The questions of a QA bundle, or of a LoCoMo file's conversation named ``conversation``
+    (the index folder's name, as ``hipgraph eval --format locomo`` names them; all when none is)."""
+    data = json.loads(path.read_text())
+    if "questions" in data:
+        return [q["question"] for q in data["questions"]]
+    convs = data["conversations"]
+    chosen = [c for c in convs if c.get("id") == conversation] or convs
+    return [q["question"] for c in chosen for q in c.get("questions", [])]
+
+
 def threaded_run(hg, questions: list[str], mode: str, k: int, threads: int,
                  expected: dict[str, list[int]]) -> dict:
     """``threads`` threads share ``hg`` and retrieve ``questions`` (each once, taken in order from a
     shared cursor): throughput, latency of the calls that returned, errors by type, and the calls
-    whose passage ids differ from ``expected`` (the single-thread ranking of that question)."""
+    whose passages (and turns) differ from ``expected`` (the single-thread ranking of that question)."""
     lock = threading.Lock()
     cursor = iter(questions)
     times: list[float] = []
@@ -74,7 +85,7 @@ def threaded_run(hg, questions: list[str], mode: str, k: int, threads: int,
             ms = 1000 * (time.perf_counter() - t0)
             with lock:
                 times.append(ms)
-                if [h.passage_id for h in hits] != expected.get(q):
+                if [(h.passage_id, h.turn_ids) for h in hits] != expected.get(q):
                     wrong[0] += 1
 
     pool = [threading.Thread(target=work, name=f"query-{i}") for i in range(threads)]
@@ -104,19 +115,22 @@ def main() -> int:
     parser.add_argument("--threads", default="",
                         help="comma-separated thread counts (e.g. 1,2,4,8): also time N threads "
                              "sharing one handle")
+    parser.add_argument("--memory-hits", choices=("turn", "unit"), default="turn",
+                        help="conversation memory: turn hits (the default) or unit hits")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     thread_counts = [int(n) for n in args.threads.split(",") if n.strip()]
     if any(n < 1 for n in thread_counts):
         parser.error("--threads takes counts >= 1")
 
-    questions = [q["question"] for q in json.loads(Path(args.bundle).read_text())["questions"]]
+    questions = bundle_questions(Path(args.bundle), Path(args.db).name)
     questions = (questions * (1 + args.queries // max(1, len(questions))))[: args.queries]
     modes = [m for m in args.modes.split(",") if m]
     rows = []
     threaded = []
     expected: dict[str, dict[str, list[int]]] = {}  # mode -> question -> single-thread passage ids
-    with hipgraph.open(args.db, read_only=True) as hg:
+    config = hipgraph.RetrievalConfig(memory_hits=args.memory_hits)
+    with hipgraph.open(args.db, read_only=True, retrieval=config) as hg:
         for mode in modes:
             hg.retrieve_many(questions[:8], k=args.k, mode=mode)  # warm-up
             times = []
@@ -124,7 +138,7 @@ def main() -> int:
                 t0 = time.perf_counter()
                 hits = hg.retrieve(q, k=args.k, mode=mode)
                 times.append(1000 * (time.perf_counter() - t0))
-                expected.setdefault(mode, {})[q] = [h.passage_id for h in hits]
+                expected.setdefault(mode, {})[q] = [(h.passage_id, h.turn_ids) for h in hits]
             t0 = time.perf_counter()
             done = 0
             for start in range(0, len(questions), args.batch):

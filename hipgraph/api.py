@@ -489,11 +489,15 @@ class HipGraph:
                        if f.triple in done.fact_ids else f for f in e.facts]
 
     # ------------------------------------------------------------------ answering
-    def answer(self, question: str, k: int = 5, mode: str = "graph",
+    def answer(self, question: str, k: int | None = None, mode: str = "graph",
                generator: GeneratorConfig | Any | None = None,
                config: RetrievalConfig | None = None, question_date: Any = None,
                as_of: Any = None) -> Answer:
         """Retrieve ``k`` passages, build cited context and let ``generator`` answer.
+
+        ``k=None``: 5 passages; over conversation memory with turn hits, as many of the best
+        turns as the generator's ``context_tokens`` budget can hold (the context builder stops
+        at the budget), each headed by its session's day.
 
         ``generator`` is a :class:`GeneratorConfig` (``none`` by default: the context only) or
         a ready backend with ``generate``/``count_tokens``. Retrieval never calls the generator.
@@ -506,16 +510,18 @@ class HipGraph:
                                 question_dates=None if question_date is None else [question_date],
                                 as_of=as_of)[0]
 
-    def answer_many(self, questions: Sequence[str], k: int = 5, mode: str = "graph",
+    def answer_many(self, questions: Sequence[str], k: int | None = None, mode: str = "graph",
                     generator: GeneratorConfig | Any | None = None,
                     config: RetrievalConfig | None = None, question_dates: Sequence[Any] | None = None,
                     as_of: Any = None) -> list[Answer]:
         """:meth:`answer` for many questions: one retrieval batch, one generator batch."""
         from hipgraph.generation.answer import compose  # noqa: PLC0415
 
+        gen_config = generator if isinstance(generator, GeneratorConfig) else GeneratorConfig()
+        if k is None:
+            k = self.retriever.context_depth(gen_config.context_tokens, config)
         hits = self.retrieve_many(questions, k=k, mode=mode, config=config,
                                   question_dates=question_dates, as_of=as_of)
-        gen_config = generator if isinstance(generator, GeneratorConfig) else GeneratorConfig()
         return compose(list(questions), hits, self._generator(generator), gen_config)
 
     def chat_client(self, config: ChatConfig) -> ChatClient:

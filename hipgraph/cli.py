@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_db(p)
     add_embedder(p)
     p.add_argument("question")
-    p.add_argument("-k", type=int, default=5)
+    p.add_argument("-k", type=int, default=None,
+                   help="hits to return (default 5; with --answer over conversation memory: as "
+                        "many turns as --context-tokens hold)")
     p.add_argument("--mode", default="graph", choices=_modes(),
                    help="graph (default: facts and question entities seed a personalized PageRank), "
                         "dense, bm25, hybrid (reciprocal-rank fusion), decompose (the question's "
@@ -136,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "match, token F1 and the abstention rate per mode")
     group.add_argument("--generator", choices=("openai", "local"), default="openai")
     group.add_argument("--context-tokens", type=int, default=2000)
-    group.add_argument("--answer-k", type=int, default=5, help="passages handed to the generator")
+    group.add_argument("--answer-k", type=int, default=None,
+                       help="hits handed to the generator (default: 5 passages; conversation "
+                            "memory: as many turns as --context-tokens hold)")
     add_strict_json(group)
     add_retrieval(p)
     add_output(p)
@@ -290,6 +294,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         return 0
     if args.persist and args.mode != "expand":
         raise InputError("--persist applies to --mode expand only")
+    if args.k is None:
+        args.k = 5
     extra: dict[str, Any] = {}
     with hipgraph.open(args.db, read_only=not args.persist, embedder=session_embedder(args)) as hg:
         if args.mode == "decompose":

@@ -67,20 +67,26 @@ def add_retrieval(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--llm-steps", action="store_true",
                        help="decompose/expand modes: let the LLM decompose the question, read each "
                             "step's passages for its bridge, rewrite weak steps and propose facts")
+    group.add_argument("--memory-hits", choices=("turn", "unit"), default="turn",
+                       help="conversation memory: each hit one turn, the best turns of the best "
+                            "units first (turn, the default; -k counts turns), or one memory unit "
+                            "with all its turns (unit)")
     add_llm(parser)
 
 
 def retrieval_config(args: argparse.Namespace):
     from hipgraph.config import ChatConfig, RetrievalConfig  # noqa: PLC0415
 
+    memory_hits = getattr(args, "memory_hits", "turn")
     if not args.fact_filter and not args.llm_steps:
-        return None
+        return None if memory_hits == "turn" else RetrievalConfig(memory_hits=memory_hits)
     flag = "--fact-filter" if args.fact_filter else "--llm-steps"
     if not args.llm_base_url or not args.llm_model:
         raise InputError(f"{flag} needs --llm-base-url and --llm-model")
     config = RetrievalConfig(llm=ChatConfig(base_url=args.llm_base_url, model=args.llm_model,
                                             api_key_env=args.llm_api_key_env,
-                                            max_concurrency=args.llm_concurrency))
+                                            max_concurrency=args.llm_concurrency),
+                             memory_hits=memory_hits)
     if not args.fact_filter:
         config = config.replace(graph=dataclasses.replace(config.graph, fact_filter=False))
     return config

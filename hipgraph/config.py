@@ -376,6 +376,14 @@ class RetrievalConfig:
     # keep only them (filter) or are ignored (off); ranked over this many candidates
     time_mode: str = "boost"
     memory_candidates: int = 50
+    # conversation memory hits: "turn" (each hit one turn, the best turns of the top
+    # ``turn_units`` units ranked on their own: cosine + turn_bm25_weight x normalised BM25 +
+    # turn_rank_weight / sqrt(1 + unit rank); see hipgraph.query.turns) or "unit" (each hit a
+    # memory unit with all its turns). k counts turns with "turn".
+    memory_hits: str = "turn"
+    turn_units: int = 30
+    turn_rank_weight: float = 0.4
+    turn_bm25_weight: float = 0.4
     # facts stated in conversations and replaced since seed at this fraction of their score,
     # unless the question asks about the past
     stale_fact_weight: float = 0.5
@@ -394,6 +402,14 @@ class RetrievalConfig:
         _check(self.time_mode in {"boost", "filter", "off"},
                f"time_mode must be boost|filter|off, got {self.time_mode!r}")
         _check(self.memory_candidates >= 1, "memory_candidates must be >= 1")
+        _check(self.memory_hits in {"turn", "unit"},
+               f"memory_hits must be turn|unit, got {self.memory_hits!r}")
+        _check(isinstance(self.turn_units, int) and not isinstance(self.turn_units, bool)
+               and self.turn_units >= 1, f"turn_units must be an integer >= 1, got {self.turn_units!r}")
+        for name in ("turn_rank_weight", "turn_bm25_weight"):
+            value = getattr(self, name)
+            _check(isinstance(value, int | float) and not isinstance(value, bool)
+                   and math.isfinite(value) and value >= 0, f"{name} must be a finite number >= 0, got {value!r}")
         _check(isinstance(self.max_question_chars, int) and not isinstance(self.max_question_chars, bool)
                and self.max_question_chars >= 1,
                f"max_question_chars must be an integer >= 1, got {self.max_question_chars!r}")

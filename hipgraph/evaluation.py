@@ -140,7 +140,7 @@ class ModeResult:
 
 def evaluate(hg: Any, questions: Sequence[dict[str, Any]], modes: Sequence[str],
              cutoffs: Sequence[int], config: RetrievalConfig | None = None,
-             batch_size: int = 64, generator: Any = None, answer_k: int = 5) -> list[ModeResult]:
+             batch_size: int = 64, generator: Any = None, answer_k: int | None = None) -> list[ModeResult]:
     """Recall@k of each mode over the questions that have ``gold_idx``; with ``generator``
     (a GeneratorConfig other than ``none``), also exact match, token F1 and the abstention rate
     of answers from the top ``answer_k`` passages, over the questions with gold answers."""

@@ -129,7 +129,7 @@ def _fills(hits_turns: Sequence[Sequence[str]], budget: int, tokens: Mapping[str
 def evaluate_memory(root: Path, conversations: Sequence[Conversation], questions: Sequence[dict[str, Any]],
                     modes: Sequence[str], cutoffs: Sequence[int], config: RetrievalConfig | None = None,
                     open_index: Callable[..., Any] | None = None, progress: Callable[[int], None] | None = None,
-                    generator: Any = None, answer_k: int = 5,
+                    generator: Any = None, answer_k: int | None = None,
                     turn_budgets: Sequence[int] = TURN_BUDGETS,
                     token_budgets: Sequence[int] = TOKEN_BUDGETS,
                     ) -> tuple[list[MemoryResult], dict[str, float]]:
@@ -139,7 +139,7 @@ def evaluate_memory(root: Path, conversations: Sequence[Conversation], questions
     (timed in ``ms_per_query``); a question whose units hold too few tokens for the largest
     token budget is retrieved again at twice the depth until they do or the memory runs out
     (not timed). With ``generator`` (a GeneratorConfig), each mode also answers from its top
-    ``answer_k`` units: exact match and token F1 over the questions with an answer (adversarial
+    ``answer_k`` hits (None: as many turns as the generator's context budget holds): exact match and token F1 over the questions with an answer (adversarial
     ones excluded), and how often the generator abstained on the adversarial (unanswerable) ones."""
     import hipgraph  # noqa: PLC0415
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import REPO, check_consistency, run_cli
 
-from hipgraph.config import ConversationConfig
+from hipgraph.config import ConversationConfig, RetrievalConfig
 from hipgraph.errors import InputError
 from hipgraph.indexers.conversations import read_conversation_file, to_conversation
 from hipgraph.indexers.segmentation import depth_scores, gap_similarity, segment
@@ -122,7 +122,15 @@ def test_conversation_memory_hits_time_and_as_of(make_index):
     assert report.added == 3 and report.passages >= 4
     keys = [k for (k,) in hg.store.con.execute("SELECT key FROM documents ORDER BY key").fetchall()]
     assert keys == [session_key("ana-ben", s) for s in ("1", "2", "3")]
-    hits = hg.retrieve("How long did the fresh pasta boil?", k=2)
+    # turn hits (the default): the question's turn and its answer lead, each hit one turn
+    turns = hg.retrieve("How long did the fresh pasta boil?", k=3)
+    assert [h.turn_ids for h in turns[:2]] in ([("S2:4",), ("S2:5",)], [("S2:5",), ("S2:4",)])
+    assert turns[0].text == "Ben: How long did you boil the noodles?" or turns[0].text.startswith("Ana: Only")
+    assert all(len(h.turn_ids) == 1 and h.session == "2" and h.title == "20 May 2023" for h in turns[:2])
+    assert [h.rank for h in turns] == [1, 2, 3] and turns[0].score >= turns[1].score >= turns[2].score
+    assert turns[0].why["unit_rank"] == 1 and set(turns[0].why["turn_score"]) == {"cosine", "bm25", "unit_prior"}
+    # unit hits: one memory unit with all its turns
+    hits = hg.retrieve("How long did the fresh pasta boil?", k=2, config=RetrievalConfig(memory_hits="unit"))
     top = hits[0]
     assert top.conversation == "ana-ben" and top.session == "2" and "S2:5" in top.turn_ids
     assert top.time == "2023-05-20T20:30:00" and top.title == "20 May 2023"
@@ -340,7 +348,9 @@ def test_cli_conversation_index_query_and_eval(tmp_path):
     assert out["report"]["passages"] == 3  # --granularity session: one memory unit per session
     text = run_cli("query", "--db", str(db), "How long did the fresh pasta boil?", "-k", "1",
                    "--question-date", "2023-08-01", check=True).stdout
-    assert "turns S2:" in text and "session 2" in text
+    assert "turns S2:4 (session 2" in text and "Ben: How long did you boil the noodles?" in text
+    text = run_cli("query", "--db", str(db), "How long did the fresh pasta boil?", "-k", "1",
+                   "--question-date", "2023-08-01", "--memory-hits", "unit", check=True).stdout
     assert "turns " + ", ".join(f"S2:{i}" for i in range(1, 13)) + " (session 2" in text  # all of it
     hits = json.loads(run_cli("query", "--db", str(db), "Where does Ana work?", "--as-of", "2023-02-01",
                               "--json", check=True).stdout)["hits"]
@@ -376,10 +386,18 @@ def test_contradicted_fact_is_invalidated_and_still_retrievable_as_of(make_index
     assert now[0].session == "2"
     assert [f["object"] for f in now[0].why["seed_facts"]] == ["berlin"]  # the stale one seeds weaker
     past = hg.retrieve("Where does Ana live?", k=2, as_of="2023-02-01")
-    assert [h.session for h in past] == ["1"] and "lisbon" in {f["object"] for f in past[0].why["seed_facts"]}
+    assert {h.session for h in past} == {"1"} and "lisbon" in {f["object"] for f in past[0].why["seed_facts"]}
+    assert past[0].text == "Ana: I live in Lisbon now."
+    # turn hits: the turn stating the replaced fact is scored at stale_fact_weight, so the
+    # current one leads; unit hits: the current fact's unit leads
+    assert now[0].text == "Ana: Big news: I live in Berlin now."
+    assert now[1].text == "Ana: I live in Lisbon now." and now[1].why["turn_score"]["stale_factor"] == 0.5
+    units = hg.retrieve("Where does Ana live?", k=2, config=RetrievalConfig(memory_hits="unit"))
+    assert [h.session for h in units] == ["2", "1"]
     # a question about the past does not demote the replaced fact
     before = hg.retrieve("Where did Ana live before moving?", k=2)
     assert "lisbon" in {f["object"] for f in before[0].why["seed_facts"]}
+    assert before[0].text == "Ana: I live in Lisbon now." and "stale_factor" not in before[0].why["turn_score"]
     # nothing was deleted: forgetting the later session makes the old fact current again
     hg.delete_conversation("ana", ["2"])
     (only,) = [f for f in hg.facts("ana") if f.relation == "live in"]

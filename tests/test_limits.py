@@ -73,15 +73,18 @@ def test_conversation_memory_clamps_k_and_its_candidates(make_index):
          "turns": [{"id": f"S{s}:{i}", "speaker": "Ana" if i % 2 else "Ben", "text": t}
                    for i, t in enumerate(turns, start=1)]} for s, day in ((1, 15), (2, 20))]})
     n = hg.stats()["passages"]
-    # memory_candidates far beyond the index: ranked over what the index holds
-    cfg = RetrievalConfig(memory_candidates=10**12)
-    for mode in ("dense", "bm25", "graph"):
-        at_n = hg.retrieve_many(["Where did Ana move in January?"], k=n, mode=mode)
-        assert at_n[0] and at_n[0][0].turn_ids
-        got, peak = _peak(lambda mode=mode: hg.retrieve_many(
-            ["Where did Ana move in January?"], k=10**12, mode=mode, config=cfg))
-        assert _dicts(got) == _dicts(at_n), mode
-        assert peak < PEAK_BYTES, (mode, peak)
+    # memory_candidates far beyond the index: ranked over what the index holds; k counts
+    # turns with turn hits (6 here), units with unit hits
+    for hits, size in (("turn", 6), ("unit", n)):
+        cfg = RetrievalConfig(memory_candidates=10**12, memory_hits=hits)
+        for mode in ("dense", "bm25", "graph"):
+            at_n = hg.retrieve_many(["Where did Ana move in January?"], k=size, mode=mode,
+                                    config=RetrievalConfig(memory_hits=hits))
+            assert len(at_n[0]) == size and at_n[0][0].turn_ids
+            got, peak = _peak(lambda mode=mode, cfg=cfg: hg.retrieve_many(
+                ["Where did Ana move in January?"], k=10**12, mode=mode, config=cfg))
+            assert _dicts(got) == _dicts(at_n), (hits, mode)
+            assert peak < PEAK_BYTES, (hits, mode, peak)
 
 
 def test_faiss_search_never_returns_more_columns_than_the_index_holds():

@@ -152,12 +152,13 @@ def test_budget_recall_end_to_end_against_numpy_and_the_modes_own_hits(first_ses
     qv = embedder.embed([q["question"] for q in questions])
     order = np.argsort(-(qv @ tv.T), axis=1, kind="stable")
     base_units = {q["id"]: [[turns[i].id] for i in row] for q, row in zip(questions, order, strict=True)}
-    # the mode: its own hits, the whole ranking (fewer units than the 50 candidates ranked, so
-    # deeper retrieval only appends)
+    # the mode: its own turn hits, the whole ranking (fewer units than the 50 candidates ranked,
+    # and turn hits at depth k are the first k of any deeper request, so deeper retrieval only
+    # appends)
     with open_index(memory_root / conv.id, read_only=True) as hg:
         units = hg.stats()["passages"]
         assert units < 50
-        hits = hg.retrieve_many([q["question"] for q in questions], k=units, mode="graph",
+        hits = hg.retrieve_many([q["question"] for q in questions], k=len(turns), mode="graph",
                                 question_dates=[q["question_date"] for q in questions])
     graph_units = {q["id"]: [list(h.turn_ids) for h in hs] for q, hs in zip(questions, hits, strict=True)}
 

@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from hipgraph.types import Hit
 
@@ -60,6 +61,16 @@ def _facts(hits: Sequence[Hit]) -> list[str]:
     return [f"- {s} | {r} | {o}" for s, r, o in seen]
 
 
+def _date(iso: str) -> str:
+    """A memory hit's day (``8 May 2023``) from its ISO time; "" without one."""
+    if not iso:
+        return ""
+    try:
+        return datetime.fromisoformat(iso).strftime("%-d %B %Y")
+    except ValueError:
+        return ""
+
+
 def _cut(text: str, budget: int, count: TokenCounter) -> str:
     """The longest word-boundary prefix of ``text`` within ``budget`` tokens (binary search)."""
     words = text.split()
@@ -75,7 +86,9 @@ def _cut(text: str, budget: int, count: TokenCounter) -> str:
 
 def build_context(hits: Sequence[Hit], max_tokens: int, *, count: TokenCounter = estimate_tokens,
                   include_facts: bool = True) -> Context:
-    """Number de-duplicated hits as ``[n] Title: text`` until ``max_tokens`` is reached.
+    """Number de-duplicated hits as ``[n] Title: text`` until ``max_tokens`` is reached; a
+    conversation memory hit without a title is headed by its day (``[n] 8 May 2023: Ana: ...``),
+    and the turn hits of one unit are distinct hits.
 
     A passage that does not fit whole is cut at a word boundary when at least a quarter of the
     budget is left, otherwise left out; later passages are not considered (ranks stay in order).
@@ -85,18 +98,20 @@ def build_context(hits: Sequence[Hit], max_tokens: int, *, count: TokenCounter =
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     blocks: list[str] = []
     kept: list[Hit] = []
-    seen_ids: set[int] = set()
+    seen_ids: set[tuple[int, tuple[str, ...]]] = set()
     seen_texts: set[str] = set()
     used = 0
     truncated = False
     for hit in hits:
         norm = " ".join(hit.text.split())
-        if hit.passage_id in seen_ids or norm in seen_texts:
+        key = (hit.passage_id, hit.turn_ids)  # turn hits of one memory unit share its passage
+        if key in seen_ids or norm in seen_texts:
             continue
-        seen_ids.add(hit.passage_id)
+        seen_ids.add(key)
         seen_texts.add(norm)
         n = len(kept) + 1
-        head = f"[{n}] {hit.title}: " if hit.title else f"[{n}] "
+        label = hit.title or _date(hit.time)
+        head = f"[{n}] {label}: " if label else f"[{n}] "
         block = head + norm
         cost = count(block) + (1 if blocks else 0)
         if used + cost > max_tokens:

@@ -54,6 +54,10 @@ class BatchWork:
     name_vectors: np.ndarray | None = None
     fact_texts: list[str] = field(default_factory=list)  # distinct texts of 'triple' facts, sorted
     fact_vectors: np.ndarray | None = None
+    # conversation memory: each turn of each unit, as (chunk, position in the session's turns)
+    turn_keys: list[tuple[int, int]] = field(default_factory=list)
+    turn_texts: list[str] = field(default_factory=list)  # ``Speaker: text``, as stored
+    turn_vectors: np.ndarray | None = None
     seconds: dict[str, float] = field(default_factory=dict)
 
     def name_vector_rows(self, names: list[str]) -> np.ndarray:
@@ -88,18 +92,36 @@ def extract_batch(docs: list[Document], config: IndexConfig, extractor: Extracto
     work.key_texts = _key_texts(work, docs, config)
     work.names = sorted({m[1] for m in work.mentions})
     work.fact_texts = sorted({fact_text(s, r, o) for _, s, r, o, kind in work.facts if kind == "triple"})
+    work.turn_keys, work.turn_texts = unit_turns(work.chunks, [docs[i] for i in work.chunk_doc])
     work.seconds["extract"] = time.perf_counter() - t0
     return work
 
 
 def embed_batch(work: BatchWork, embedder: Embedder) -> BatchWork:
-    """Embed the batch's passages (as their key texts), entity names and fact texts."""
+    """Embed the batch's passages (as their key texts), entity names, fact texts and the turns
+    of its conversation memory units."""
     t0 = time.perf_counter()
     work.passage_vectors = embedder.embed(work.key_texts)
     work.name_vectors = embedder.embed(work.names)
     work.fact_vectors = embedder.embed(work.fact_texts)
+    work.turn_vectors = embedder.embed(work.turn_texts)
     work.seconds["embed"] = time.perf_counter() - t0
     return work
+
+
+def unit_turns(chunks: list[Chunk], docs: list[Document]) -> tuple[list[tuple[int, int]], list[str]]:
+    """The turns of the conversation memory units among ``chunks`` (``docs[i]`` is chunk ``i``'s
+    document): ``(chunk, position in the session's turns)`` and each turn's ``Speaker: text`` line."""
+    keys, texts = [], []
+    for ci, (chunk, doc) in enumerate(zip(chunks, docs, strict=True)):
+        if doc.metadata.get("kind") != SESSION_KIND:
+            continue
+        for pos, turn in enumerate(doc.metadata.get("turns", [])):
+            start, end = turn[2], turn[3]
+            if start < chunk.end and end > chunk.start:
+                keys.append((ci, pos))
+                texts.append(doc.text[start:end])
+    return keys, texts
 
 
 def _key_texts(work: BatchWork, docs: list[Document], config: IndexConfig) -> list[str]:
@@ -219,6 +241,10 @@ def to_arrow(work: BatchWork, seq: int) -> dict[str, Any]:
         "passage_vectors": (vec(work.passage_vectors), pa.large_binary()),
         "name_vectors": (vec(work.name_vectors), pa.large_binary()),
         "fact_vectors": (vec(work.fact_vectors), pa.large_binary()),
+        "turn_chunk": ([c for c, _ in work.turn_keys], _INT),
+        "turn_position": ([p for _, p in work.turn_keys], _INT),
+        "turn_texts": (work.turn_texts, _STR),
+        "turn_vectors": (vec(work.turn_vectors), pa.large_binary()),
         "seconds": (json.dumps(work.seconds), pa.string()),
     }
     return {name: pa.array([value], type) for name, (value, type) in cols.items()}
@@ -245,6 +271,9 @@ def from_arrow(row: dict[str, Any], dimension: int) -> tuple[int, BatchWork]:
         name_vectors=vec(row["name_vectors"]),
         fact_texts=list(row["fact_texts"]),
         fact_vectors=vec(row["fact_vectors"]),
+        turn_keys=list(zip(row["turn_chunk"], row["turn_position"], strict=True)),
+        turn_texts=list(row["turn_texts"]),
+        turn_vectors=vec(row["turn_vectors"]),
         seconds=json.loads(row["seconds"]),
     )
     return int(row["seq"]), work

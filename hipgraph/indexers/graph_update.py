@@ -35,7 +35,7 @@ def _ids(con, sql: str, params=()) -> set[int]:
 
 
 def delete_document_rows(store: GraphStore, doc_ids: list[int], removed: Removed) -> None:
-    """Delete documents, their passages, mentions, fact sources and passage vectors.
+    """Delete documents, their passages, mentions, fact sources, passage and turn vectors.
 
     Orphaned entities/facts are collected later by :func:`collect_orphans`.
     """
@@ -50,7 +50,8 @@ def delete_document_rows(store: GraphStore, doc_ids: list[int], removed: Removed
             removed.candidate_facts |= _ids(
                 con, "SELECT DISTINCT fact_id FROM fact_sources WHERE passage_id IN (SELECT id FROM _del_passages)")
             for table, column in (("mentions", "passage_id"), ("fact_sources", "passage_id"),
-                                  ("passage_vectors", "id"), ("passages", "id")):
+                                  ("passage_vectors", "id"), ("turn_vectors", "passage_id"),
+                                  ("passages", "id")):
                 con.execute(f"DELETE FROM {table} WHERE {column} IN (SELECT id FROM _del_passages)")
             con.execute("DELETE FROM edges WHERE type = 'mention' AND src IN (SELECT id FROM _del_passages)")
         con.execute("DELETE FROM documents WHERE id IN (SELECT id FROM _del_docs)")

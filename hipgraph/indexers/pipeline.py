@@ -69,6 +69,8 @@ class _Batch:
     fact_ids: dict[tuple[str, str, str], int] = field(default_factory=dict)  # existing fact keys
     new_facts: list[tuple[str, str, str, str]] = field(default_factory=list)  # subj, rel, obj, kind
     new_fact_vectors: np.ndarray | None = None  # rows for new facts of kind 'triple', in order
+    turn_keys: list[tuple[int, int]] = field(default_factory=list)  # chunk, turn position
+    turn_vectors: np.ndarray | None = None
 
 
 class Indexer:
@@ -278,6 +280,7 @@ class Indexer:
             with _timed(batch.report, "graph"):
                 self._resolve_existing(batch)
             batch.passage_vectors = work.passage_vectors
+            batch.turn_keys, batch.turn_vectors = work.turn_keys, work.turn_vectors
             batch.new_entity_vectors = work.name_vector_rows(batch.new_entities)
             batch.new_fact_vectors = work.fact_vector_rows(
                 [fact_text(s, r, o) for s, r, o, kind in batch.new_facts if kind == "triple"])
@@ -359,6 +362,9 @@ class Indexer:
                 "text_hash": [text_hash(c.title, c.text) for c in batch.chunks],
             })
             store.write_vectors("passage", passage_ids, batch.passage_vectors)
+            if batch.turn_keys:
+                store.write_turn_vectors(passage_ids[[c for c, _ in batch.turn_keys]],
+                                         np.array([p for _, p in batch.turn_keys]), batch.turn_vectors)
 
             new_entity_ids = store.allocate_ids("entity", len(batch.new_entities))
             entity_ids = dict(batch.entity_ids)

@@ -340,3 +340,18 @@ class BM25Index:
             out_scores[row, :len(order)] = scores[cand[order]]
             out_ids[row, :len(order)] = cand_ids[order]
         return out_scores, out_ids
+
+    def scores_all(self, queries: list[str]) -> np.ndarray:
+        """Every indexed text's BM25 score for each query: float32 ``(queries, len(self))``, in
+        the order the texts were indexed (0 where a text shares no token with the query)."""
+        if isinstance(queries, str):
+            raise InputError("BM25Index.scores_all takes a list of query strings, not one string")
+        out = np.zeros((len(queries), len(self._ids)), dtype=np.float32)
+        if self._bm25 is None:
+            return out
+        vocab = self._bm25.vocab_dict
+        for row, tokens in enumerate(tokenize(list(queries), self.config)):
+            token_ids = [vocab[t] for t in tokens if t in vocab]
+            if token_ids:
+                out[row] = np.asarray(self._bm25.get_scores_from_ids(token_ids), dtype=np.float32)
+        return out

@@ -27,11 +27,12 @@ from hipgraph.models.chat import ChatClient
 from hipgraph.query.dense import dense_rankings
 from hipgraph.query.fact_filter import FactFilter
 from hipgraph.query.graph_search import GraphSearch, When
-from hipgraph.query.hits import Ranked, to_hits
+from hipgraph.query.hits import Ranked, to_hits, turn_hits
 from hipgraph.query.linking import EntityNames, QuestionSpans
 from hipgraph.query.memory import apply_time, asks_about_past, parse_question_dates
 from hipgraph.query.snapshot import GraphSnapshot
-from hipgraph.query.validity import FactTime
+from hipgraph.query.turns import TurnWeights, rank_turns
+from hipgraph.query.validity import FactTime, fact_weights
 from hipgraph.query.view import ReadView, UnitTimes, Views
 from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
@@ -76,6 +77,10 @@ def _within_index(view: ReadView, k: int) -> int:
     ``k = 10`` does)."""
     return max(1, min(int(k), view.passage_count()))
 
+
+# the fewest tokens a memory turn takes in a context: "[n] 8 May 2023: Ana: Yes!" is 12 by the
+# 1.3-per-word estimate; answer's default depth over memory is its budget over this
+MIN_TURN_TOKENS = 8
 
 _BLAS_LOCK = threading.Lock()
 _blas_state: dict[str, Any] = {"depth": 0, "limiter": None}
@@ -261,9 +266,9 @@ class Retriever:
         dates = parse_question_dates(question_dates, len(questions), parse_time)
         as_of_t = parse_time(as_of, where="as_of") if as_of is not None else None
         with self.reading() as view:
-            k = _within_index(view, k)
             units, times = view.memory_units()
-            if not times:
+            if not units:
+                k = _within_index(view, k)
                 return to_hits(view, RANKERS[mode](self.query(view, cfg), questions, k), k, units)
             # conversation memory: time expressions, facts weighed by when they held, as_of
             spans = [resolve_range(q, d or as_of_t) for q, d in zip(questions, dates, strict=True)]
@@ -275,7 +280,61 @@ class Retriever:
             self._event_spans(query, questions, spans, times)
             rankings = [apply_time(r, times, span, as_of_t, cfg.time_mode)
                         for r, span in zip(rankings, spans, strict=True)]
-            return to_hits(view, rankings, k, units)
+            if cfg.memory_hits == "unit":
+                return to_hits(view, rankings, min(k, depth), units)
+            return self._turn_hits(query, questions, rankings, k, as_of_t)
+
+    def _turn_hits(self, q: Query, questions: list[str], rankings: list[Ranked], k: int,
+                   as_of: Any) -> list[list[Hit]]:
+        """The best ``k`` turns of each question's ranked memory units (:mod:`hipgraph.query.turns`)."""
+        view, cfg = q.view, q.cfg
+        turns = view.memory_turns()
+        k = max(1, min(int(k), len(turns) + view.passage_count() - len(turns.by_unit)))
+        embedder = q.graph.embedder
+        weights = TurnWeights(cfg.turn_units, cfg.turn_rank_weight, cfg.turn_bm25_weight)
+        qvecs = embedder.embed(questions)
+        picked = rank_turns(
+            rankings, questions, qvecs, turns,
+            lambda rows, pids: view.turn_vectors(rows, pids, embedder.embed),
+            lambda qs: view.turn_bm25(cfg.bm25_k1, cfg.bm25_b).scores_all(qs), weights, k, as_of,
+            self._stale_objects(q, qvecs), cfg.stale_fact_weight)
+        return turn_hits(view, picked, turns, view.memory_units()[0])
+
+    def _stale_objects(self, q: Query, qvecs: np.ndarray) -> list[dict[int, set[str]]] | None:
+        """Per question: unit -> objects of the replaced facts among its ``graph.fact_top_k``
+        best-matching facts that the unit states (none for a question about the past)."""
+        validity = q.view.fact_times()
+        if not validity or q.when is None or not any(t.invalid_at is not None for t in validity.values()):
+            return None
+        _, f_ids = q.view.search("fact", qvecs, q.cfg.graph.fact_top_k)
+        stale_ids: list[set[int]] = []
+        for row, (at, past) in zip(f_ids, q.when, strict=True):
+            ids = row[row >= 0]
+            marks = fact_weights(validity, ids, at, past, -1.0)  # -1 marks a replaced fact
+            stale_ids.append({int(f) for f, x in zip(ids.tolist(), marks, strict=True) if x < 0})
+        every = set().union(*stale_ids)
+        if not every:
+            return None
+        objects = {f: t["object"] for f, t in q.view.facts_of(every).items()}
+        sources = q.view.fact_sources(every)
+        out: list[dict[int, set[str]]] = []
+        for ids in stale_ids:
+            by_unit: dict[int, set[str]] = {}
+            for f in ids:
+                for pid in sources.get(f, []):
+                    by_unit.setdefault(pid, set()).add(objects.get(f, ""))
+            out.append(by_unit)
+        return out
+
+    def context_depth(self, context_tokens: int, config: RetrievalConfig | None = None) -> int:
+        """How many hits ``answer`` retrieves by default: 5 passages, or over conversation memory
+        with turn hits enough turns to fill ``context_tokens`` (a turn with its head costs at
+        least :data:`MIN_TURN_TOKENS` tokens)."""
+        cfg = config or self.config
+        with self.reading() as view:
+            if cfg.memory_hits != "turn" or not view.memory_units()[0]:
+                return 5
+        return max(5, context_tokens // MIN_TURN_TOKENS)
 
     def decompose_many(self, questions: Sequence[str], k: int,
                        config: RetrievalConfig | None = None) -> list[DecomposedRetrieval]:

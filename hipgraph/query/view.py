@@ -1,7 +1,7 @@
 """The read view: everything queries read of one index generation, shared by all threads.
 
 A :class:`ReadView` belongs to one generation. Its parts (graph snapshot, entity names, memory
-units and their times, fact validity, BM25 index, and the database fingerprint the snapshot and
+units and their times, memory turns with their BM25, fact validity, BM25 index, and the database fingerprint the snapshot and
 BM25 files on disk are checked against) are built on first use, once, under a lock per part, and
 never change afterwards. :class:`Views` hands out the view of the current
 generation and swaps in a new one when a write has bumped it; readers that hold the old view
@@ -22,6 +22,7 @@ import numpy as np
 
 from hipgraph.query.linking import EntityNames
 from hipgraph.query.snapshot import GraphSnapshot, current_snapshot
+from hipgraph.query.turns import MemoryTurns
 from hipgraph.query.validity import FactTime, fact_times
 from hipgraph.store import reads
 from hipgraph.store.database import GraphStore
@@ -79,7 +80,55 @@ class ReadView:
     def memory_units(self) -> tuple[dict[int, dict[str, Any]], UnitTimes]:
         """Conversation memory units: each unit's hit fields and its time span (units without a
         time have none)."""
-        return self._once("units", lambda: memory_units(self.store))
+        return self._once("units", lambda: memory_units(self._unit_rows()))
+
+    def _unit_rows(self) -> list[tuple[int, int, int, str, dict[str, Any]]]:
+        return self._once("unit_rows", lambda: reads.unit_rows(self.store, SESSION_KIND))
+
+    def memory_turns(self) -> MemoryTurns:
+        """Every turn of the memory units, in one row order (:class:`MemoryTurns`)."""
+        return self._once("turns", lambda: MemoryTurns(self._unit_rows()))
+
+    def turn_bm25(self, k1: float, b: float):
+        """BM25 over the memory turns' ``Speaker: text`` lines (ids are turn rows)."""
+        return self._once(("turn_bm25", k1, b), lambda: self.memory_turns().bm25(k1, b))
+
+    def turn_vectors(self, rows: list[int], passage_ids: list[int],
+                     embed: Callable[[list[str]], np.ndarray]) -> dict[Any, np.ndarray]:
+        """The embedding of each memory turn row (key: the row) and of each other passage (key:
+        ``("passage", id)``), read from DuckDB in one query per kind. Turns of an index written
+        before turn vectors were stored are embedded with ``embed`` once per view."""
+        turns = self.memory_turns()
+        out: dict[Any, np.ndarray] = {}
+        if rows:
+            where = {(int(turns.unit[r]), int(turns.position[r])): r for r in rows}
+            pids, positions, matrix = reads.turn_vectors(self.store, {u for u, _ in where})
+            for pid, pos, vec in zip(pids.tolist(), positions.tolist(), matrix, strict=True):
+                row = where.get((pid, pos))
+                if row is not None:
+                    out[row] = vec
+            missing = [r for r in rows if r not in out]
+            if missing:
+                out.update(self._embedded_turns(missing, embed))
+        if passage_ids:
+            ids, matrix = self.store.read_vectors("passage", np.asarray(passage_ids, dtype=np.int64))
+            out.update({("passage", int(i)): v for i, v in zip(ids.tolist(), matrix, strict=True)})
+        return out
+
+    def _embedded_turns(self, rows: list[int], embed: Callable[[list[str]], np.ndarray]) -> dict[int, np.ndarray]:
+        """Query-time embeddings of turns that have no stored vector (kept for this view)."""
+        cache = self._once("turn_fallback", dict)
+        with self._guard:
+            todo = [r for r in rows if r not in cache]
+        if todo:
+            logger.info("embedding %d memory turns without stored vectors (index written before "
+                        "turn vectors; re-index to store them)", len(todo))
+            texts = self.memory_turns().texts
+            vecs = embed([texts[r] for r in todo])
+            with self._guard:
+                cache.update(zip(todo, vecs, strict=True))
+        with self._guard:
+            return {r: cache[r] for r in rows}
 
     def fact_times(self) -> dict[int, FactTime]:
         """Validity of facts stated in conversations."""
@@ -140,16 +189,21 @@ class ReadView:
         return {i: {"subject": names.get(s, ""), "relation": r, "object": names.get(o, "")}
                 for i, (s, r, o) in reads.fact_triples(self.store, fact_ids).items()}
 
+    def fact_sources(self, fact_ids: Iterable[int]) -> dict[int, list[int]]:
+        """``fact id -> ids of the passages stating it``."""
+        return reads.fact_source_passages(self.store, fact_ids)
+
     def search(self, kind: str, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` FAISS search of ``kind`` (passage | entity | fact)."""
         return self.vectors.search(kind, queries, k)
 
 
-def memory_units(store: GraphStore) -> tuple[dict[int, dict[str, Any]], UnitTimes]:
+def memory_units(rows: Iterable[tuple[int, int, int, str, dict[str, Any]]]
+                 ) -> tuple[dict[int, dict[str, Any]], UnitTimes]:
     """Hit fields and time span of every conversation memory unit (see :meth:`ReadView.memory_units`)."""
     records: dict[int, dict[str, Any]] = {}
     times: UnitTimes = {}
-    for pid, start, end, meta in reads.unit_rows(store, SESSION_KIND):
+    for pid, start, end, _, meta in rows:
         rec = records[pid] = unit_record(meta, start, end)
         if rec["time"]:
             times[pid] = (datetime.fromisoformat(rec["time"]), datetime.fromisoformat(rec["time_end"]))

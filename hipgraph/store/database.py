@@ -24,7 +24,14 @@ from hipgraph.errors import (
     StoreError,
 )
 from hipgraph.store.locks import ReadWriteLock
-from hipgraph.store.schema import ID_KINDS, SCHEMA_VERSION, VECTOR_KINDS, ddl, index_ddl
+from hipgraph.store.schema import (
+    ID_KINDS,
+    SCHEMA_VERSION,
+    VECTOR_KINDS,
+    ddl,
+    index_ddl,
+    turn_vectors_ddl,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +177,7 @@ class GraphStore:
                 store.created = True
             store._check_version()
             if not read_only:
+                con.execute(turn_vectors_ddl(int(store.meta_get("dimension"))))
                 for statement in index_ddl():
                     con.execute(statement)
         except BaseException:
@@ -365,6 +373,17 @@ class GraphStore:
         column = pa.FixedSizeListArray.from_arrays(flat, dim)
         self.insert(f"{kind}_vectors", pa.table({"id": pa.array(np.asarray(ids, np.int64)), "vec": column}))
 
+    def write_turn_vectors(self, passage_ids: np.ndarray, turns: np.ndarray, vectors: np.ndarray) -> None:
+        """Insert conversation turn embeddings: row ``i`` is turn ``turns[i]`` of unit ``passage_ids[i]``."""
+        if len(passage_ids) == 0:
+            return
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        column = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), type=pa.float32()),
+                                                   vectors.shape[1])
+        self.insert("turn_vectors", pa.table({"passage_id": pa.array(np.asarray(passage_ids, np.int64)),
+                                              "turn": pa.array(np.asarray(turns, np.int32)),
+                                              "vec": column}))
+
     def read_vectors(self, kind: str, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """All vectors of ``kind`` (or those of ``ids``), ordered by id: ``(ids, float32 matrix)``."""
         if kind not in VECTOR_KINDS:
@@ -377,7 +396,7 @@ class GraphStore:
                 table = self.con.sql(
                     f"SELECT v.id, v.vec FROM {kind}_vectors v JOIN {want} w ON v.id = w.id ORDER BY v.id"
                 ).to_arrow_table()
-        return _vector_batch(table.column("id"), table.column("vec"), dim)
+        return vector_batch(table.column("id"), table.column("vec"), dim)
 
     def iter_vectors(self, kind: str, rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """All vectors of ``kind`` ordered by id, streamed in chunks of at most ``rows``."""
@@ -386,7 +405,7 @@ class GraphStore:
         dim = int(self.meta_get("dimension"))
         reader = self.con.sql(f"SELECT id, vec FROM {kind}_vectors ORDER BY id").to_arrow_reader(rows)
         for batch in reader:
-            yield _vector_batch(batch.column(0), batch.column(1), dim)
+            yield vector_batch(batch.column(0), batch.column(1), dim)
 
     def sample_vectors(self, kind: str, n: int, seed: int = 7) -> np.ndarray:
         """Up to ``n`` vectors of ``kind`` drawn uniformly (reservoir sample, repeatable)."""
@@ -395,7 +414,7 @@ class GraphStore:
         dim = int(self.meta_get("dimension"))
         table = self.con.sql(f"SELECT id, vec FROM {kind}_vectors USING SAMPLE reservoir({int(n)} ROWS) "
                              f"REPEATABLE ({int(seed)}) ORDER BY id").to_arrow_table()
-        return _vector_batch(table.column("id"), table.column("vec"), dim)[1]
+        return vector_batch(table.column("id"), table.column("vec"), dim)[1]
 
     def vector_ids(self, kind: str) -> np.ndarray:
         rows = self.con.sql(f"SELECT id FROM {kind}_vectors ORDER BY id").to_arrow_table()
@@ -424,7 +443,7 @@ def id_list(ids) -> str:
     return ",".join(str(int(i)) for i in sorted({int(i) for i in ids})) or "NULL"
 
 
-def _vector_batch(ids: Any, vecs: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:
+def vector_batch(ids: Any, vecs: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """Arrow id and FLOAT[dim] columns as ``(int64 ids, float32 matrix)``."""
     if isinstance(ids, pa.ChunkedArray):
         ids, vecs = ids.combine_chunks(), vecs.combine_chunks()

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from hipgraph.store.database import GraphStore, id_list
+from hipgraph.store.database import GraphStore, id_list, vector_batch
 
 
 def passage_rows(store: GraphStore, passage_ids: Iterable[int]) -> dict[int, tuple[str, str, str]]:
@@ -55,15 +55,15 @@ def fact_triples(store: GraphStore, fact_ids: Iterable[int]) -> dict[int, tuple[
     return {int(i): (int(s), r, int(o)) for i, s, r, o in rows}
 
 
-def unit_rows(store: GraphStore, kind: str) -> list[tuple[int, int, int, dict[str, Any]]]:
-    """``(passage id, start char, end char, document metadata)`` of every passage of a document
-    whose metadata ``kind`` is ``kind`` (conversation sessions)."""
+def unit_rows(store: GraphStore, kind: str) -> list[tuple[int, int, int, str, dict[str, Any]]]:
+    """``(passage id, start char, end char, text, document metadata)`` of every passage of a
+    document whose metadata ``kind`` is ``kind`` (conversation sessions), by passage id."""
     rows = store.con.execute("""
-        SELECT p.id, p.start_char, p.end_char, d.metadata FROM passages p
+        SELECT p.id, p.start_char, p.end_char, p.text, d.metadata FROM passages p
         JOIN documents d ON d.id = p.doc_id
-        WHERE json_extract_string(d.metadata, '$.kind') = ?""", [kind]).fetchall()
-    return [(int(pid), start, end, json.loads(raw) if isinstance(raw, str) else raw)
-            for pid, start, end, raw in rows]
+        WHERE json_extract_string(d.metadata, '$.kind') = ? ORDER BY p.id""", [kind]).fetchall()
+    return [(int(pid), start, end, text, json.loads(raw) if isinstance(raw, str) else raw)
+            for pid, start, end, text, raw in rows]
 
 
 def triple_sources(store: GraphStore) -> list[tuple[int, int, str, int, str, int]]:
@@ -206,3 +206,27 @@ def fact_source_passages(store: GraphStore, fact_ids: Iterable[int]) -> dict[int
             "WHERE fact_id IN (SELECT unnest(?::BIGINT[])) ORDER BY ALL", [ids]).fetchall():
         out.setdefault(int(fid), []).append(int(pid))
     return out
+
+
+def has_turn_vectors(store: GraphStore) -> bool:
+    """Whether the index has the ``turn_vectors`` table (version-1 indexes written before it
+    lack it until their first writable open)."""
+    rows = store.con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'turn_vectors'").fetchall()
+    return bool(rows[0][0])
+
+
+def turn_vectors(store: GraphStore, passage_ids: Iterable[int]
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The stored turn embeddings of the given memory units: ``(passage ids, turn positions,
+    float32 matrix)``, ordered by unit and turn (units without stored turns are absent)."""
+    ids = set(passage_ids)
+    dim = int(store.meta_get("dimension"))
+    if not ids or not has_turn_vectors(store):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
+    table = store.con.sql(f"""
+        SELECT passage_id, turn, vec FROM turn_vectors WHERE passage_id IN ({id_list(ids)})
+        ORDER BY passage_id, turn""").to_arrow_table()
+    pids, matrix = vector_batch(table.column("passage_id"), table.column("vec"), dim)
+    turns = table.column("turn").to_numpy().astype(np.int64, copy=False)
+    return pids, turns, matrix

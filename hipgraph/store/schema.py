@@ -45,10 +45,20 @@ def ddl(dimension: int) -> list[str]:
         f"CREATE TABLE passage_vectors (id BIGINT NOT NULL, vec FLOAT[{d}] NOT NULL)",
         f"CREATE TABLE entity_vectors (id BIGINT NOT NULL, vec FLOAT[{d}] NOT NULL)",
         f"CREATE TABLE fact_vectors (id BIGINT NOT NULL, vec FLOAT[{d}] NOT NULL)",
+        turn_vectors_ddl(d),
         """CREATE TABLE llm_cache (
             model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, passage_hash VARCHAR NOT NULL,
             step VARCHAR NOT NULL, response VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL)""",
     ]
+
+
+def turn_vectors_ddl(dimension: int) -> str:
+    """The table of conversation turn embeddings: one row per turn of a memory unit (``passage_id``,
+    the unit; ``turn``, the turn's position in its session document's ``metadata.turns``), embedded
+    as ``Speaker: text``. Added to version-1 indexes written before it on their first writable
+    open (``IF NOT EXISTS``); their turns are embedded at query time until re-indexed."""
+    return (f"CREATE TABLE IF NOT EXISTS turn_vectors (passage_id BIGINT NOT NULL, turn INTEGER NOT NULL, "
+            f"vec FLOAT[{int(dimension)}] NOT NULL)")
 
 
 # point lookups by id on the query path (a hit's passage and document, a seed fact): ART indexes,

@@ -125,6 +125,32 @@ def _threadpool_controller():
 
 
 
+class BatchEmbedder:
+    """An embedder that remembers the vectors of the texts it embedded (one query batch)."""
+
+    def __init__(self, embedder: Embedder):
+        self.inner = embedder
+        self.name, self.dimension = embedder.name, embedder.dimension
+        self._seen: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        texts = list(texts)
+        with self._lock:
+            todo = list(dict.fromkeys(t for t in texts if t not in self._seen))
+        if todo:
+            vectors = self.inner.embed(todo)
+            with self._lock:
+                self._seen.update(zip(todo, vectors, strict=True))
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        with self._lock:
+            return np.stack([self._seen[t] for t in texts])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 @dataclass(frozen=True)
 class Query:
     """One batch being ranked: the view it reads, its graph search and the settings."""
@@ -134,13 +160,15 @@ class Query:
     graph: GraphSearch
     cfg: RetrievalConfig
     when: When | None = None
+    paths: int | None = None  # graph hits given their strongest seed path (None: all)
 
 
 Ranker = Callable[[Query, list[str], int], list[Ranked]]
 
 
 def _rank_graph(q: Query, questions: list[str], depth: int) -> list[Ranked]:
-    return q.graph.rank_run(q.graph.graph_run(questions, q.cfg, None, q.when), depth, q.cfg.graph)
+    return q.graph.rank_run(q.graph.graph_run(questions, q.cfg, None, q.when), depth, q.cfg.graph,
+                            q.paths)
 
 
 def _rank_dense(q: Query, questions: list[str], depth: int, qvec: np.ndarray | None = None) -> list[Ranked]:
@@ -233,9 +261,12 @@ class Retriever:
         with self.store.lock.shared(), _one_blas_thread():
             yield self.views.current()
 
-    def query(self, view: ReadView, cfg: RetrievalConfig, when: When | None = None) -> Query:
-        graph = GraphSearch(view, self._embedder(), self._spans, self._fact_filter(cfg))
-        return Query(self, view, graph, cfg, when)
+    def query(self, view: ReadView, cfg: RetrievalConfig, when: When | None = None,
+              paths: int | None = None) -> Query:
+        """One batch's query state; its embedder keeps the batch's vectors, so a question the
+        mode embedded is not embedded again (turn scoring, event lookups)."""
+        graph = GraphSearch(view, BatchEmbedder(self._embedder()), self._spans, self._fact_filter(cfg))
+        return Query(self, view, graph, cfg, when, paths)
 
     def snapshot(self) -> GraphSnapshot:
         """The current generation's graph snapshot."""
@@ -274,7 +305,9 @@ class Retriever:
             spans = [resolve_range(q, d or as_of_t) for q, d in zip(questions, dates, strict=True)]
             when = [(as_of_t, asks_about_past(q, span, d or as_of_t))
                     for q, span, d in zip(questions, spans, dates, strict=True)]
-            query = self.query(view, cfg, when)
+            # the units past the first k are candidates (for time ranking, turns): their
+            # strongest graph paths are not worked out
+            query = self.query(view, cfg, when, paths=k)
             depth = _within_index(view, max(k, cfg.memory_candidates))
             rankings = RANKERS[mode](query, questions, depth)
             self._event_spans(query, questions, spans, times)

@@ -101,12 +101,11 @@ class ReadView:
         turns = self.memory_turns()
         out: dict[Any, np.ndarray] = {}
         if rows:
-            where = {(int(turns.unit[r]), int(turns.position[r])): r for r in rows}
-            pids, positions, matrix = reads.turn_vectors(self.store, {u for u, _ in where})
-            for pid, pos, vec in zip(pids.tolist(), positions.tolist(), matrix, strict=True):
-                row = where.get((pid, pos))
-                if row is not None:
-                    out[row] = vec
+            stored = self._stored_turn_vectors({int(turns.unit[r]) for r in rows})
+            for r in rows:
+                vec = stored.get(int(turns.unit[r]), {}).get(int(turns.position[r]))
+                if vec is not None:
+                    out[r] = vec
             missing = [r for r in rows if r not in out]
             if missing:
                 out.update(self._embedded_turns(missing, embed))
@@ -114,6 +113,21 @@ class ReadView:
             ids, matrix = self.store.read_vectors("passage", np.asarray(passage_ids, dtype=np.int64))
             out.update({("passage", int(i)): v for i, v in zip(ids.tolist(), matrix, strict=True)})
         return out
+
+    def _stored_turn_vectors(self, units: set[int]) -> dict[int, dict[int, np.ndarray]]:
+        """``unit -> turn position -> stored vector`` for ``units``, read once per unit and view."""
+        cache = self._once("turn_vector_cache", dict)
+        with self._guard:
+            todo = units - cache.keys()
+        if todo:
+            got: dict[int, dict[int, np.ndarray]] = {u: {} for u in todo}
+            pids, positions, matrix = reads.turn_vectors(self.store, todo)
+            for pid, pos, vec in zip(pids.tolist(), positions.tolist(), matrix, strict=True):
+                got[pid][pos] = vec
+            with self._guard:
+                cache.update(got)
+        with self._guard:
+            return {u: cache[u] for u in units}
 
     def _embedded_turns(self, rows: list[int], embed: Callable[[list[str]], np.ndarray]) -> dict[int, np.ndarray]:
         """Query-time embeddings of turns that have no stored vector (kept for this view)."""

@@ -292,7 +292,7 @@ def dump_index(target: hipgraph.HipGraph | str | Path) -> dict[str, Any]:
     (fact key, doc key, ordinal, extractor), edges by type with named endpoints and weights rounded to
     4 decimals, DuckDB vector counts per kind, the FAISS ntotal per kind as saved on disk, the
     stored vectors of every kind under the same keys (``embeddings``: passage by (doc key,
-    ordinal), entity by name, fact by fact key) and the precision they were computed at.
+    ordinal), entity by name, fact by fact key, turn by (doc key, ordinal, turn position)) and the precision they were computed at.
     """
     if isinstance(target, hipgraph.HipGraph):
         return _dump(target)
@@ -338,6 +338,7 @@ def _dump(hg: hipgraph.HipGraph) -> dict[str, Any]:
         assert key not in edges[etype], f"duplicate {etype} edge {key}"
         edges[etype][key] = round(float(weight), 4)
     vectors = {kind: int(_rows(con, f"SELECT count(*) FROM {kind}_vectors")[0][0]) for kind in VECTOR_KINDS}
+    vectors["turn"] = int(_rows(con, "SELECT count(*) FROM turn_vectors")[0][0])
     embeddings = {}
     for kind, key_of in (("passage", passage_key), ("entity", entity_name), ("fact", fact_key)):
         ids, matrix = stored_vectors(con, kind)
@@ -345,6 +346,12 @@ def _dump(hg: hipgraph.HipGraph) -> dict[str, Any]:
         order = sorted(range(len(keys)), key=lambda i, keys=keys: keys[i])
         assert len(set(keys)) == len(keys), f"two {kind} vectors under one key"
         embeddings[kind] = KeyedVectors(tuple(keys[i] for i in order), matrix[order])
+    table = con.sql("SELECT passage_id, turn, vec FROM turn_vectors").to_arrow_table()
+    keys = [(*passage_key[int(p)], int(t)) for p, t in zip(table.column("passage_id").to_pylist(),
+                                                          table.column("turn").to_pylist(), strict=True)]
+    matrix = np.asarray(table.column("vec").combine_chunks().flatten(), dtype=np.float32).reshape(len(keys), -1)
+    order = sorted(range(len(keys)), key=lambda i: keys[i])
+    embeddings["turn"] = KeyedVectors(tuple(keys[i] for i in order), matrix[order])
     disk = faiss_on_disk(hg.path)
     return {
         "documents": documents,
@@ -383,7 +390,7 @@ def assert_same_index(a: dict[str, Any], b: dict[str, Any], *, weight_tol: float
                 detail = (f"\nonly in first: {sorted(set(a[section]) - set(b[section]), key=repr)[:20]}"
                           f"\nonly in second: {sorted(set(b[section]) - set(a[section]), key=repr)[:20]}")
             raise AssertionError(f"indexes differ in {section}{detail}")
-    for kind in VECTOR_KINDS:
+    for kind in (*VECTOR_KINDS, "turn"):
         va, vb = a["embeddings"][kind], b["embeddings"][kind]
         assert va.keys == vb.keys, (
             f"{kind} vectors are stored under other keys: only in first "
@@ -556,6 +563,25 @@ def check_consistency(hg: hipgraph.HipGraph, *, synonyms: bool = True) -> None:
     expected = _rows(con, """SELECT entity_id, list(DISTINCT surface ORDER BY surface) FROM mentions
                              GROUP BY entity_id ORDER BY entity_id""")
     assert forms == expected
+    _check_turn_vectors(con)
+
+
+def _check_turn_vectors(con) -> None:
+    """Turn vectors: exactly one unit-norm row per turn each memory unit covers (the turns of its
+    session document whose character span overlaps the unit's), none for other passages."""
+    expected = set()
+    for pid, start, end, meta in _rows(con, """SELECT p.id, p.start_char, p.end_char, d.metadata
+                                              FROM passages p JOIN documents d ON d.id = p.doc_id"""):
+        meta = json.loads(meta) if isinstance(meta, str) else (meta or {})
+        if meta.get("kind") == "conversation_session":
+            expected |= {(int(pid), pos) for pos, t in enumerate(meta["turns"]) if t[2] < end and t[3] > start}
+    rows = _rows(con, "SELECT passage_id, turn FROM turn_vectors")
+    assert len(rows) == len(set(rows)), "two vectors for one turn"
+    assert {(int(p), int(t)) for p, t in rows} == expected, "turn vectors do not match the memory units"
+    if rows:
+        table = con.sql("SELECT vec FROM turn_vectors").to_arrow_table()
+        vecs = np.asarray(table.column("vec").combine_chunks().flatten(), dtype=np.float64).reshape(len(rows), -1)
+        assert np.abs(np.linalg.norm(vecs, axis=1) - 1).max() <= UNIT_NORM_TOL, "turn vectors are not unit-norm"
 
 
 def run_cli(*args: str, timeout: float = 300, check: bool = False, **kwargs: Any):

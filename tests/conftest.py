@@ -349,7 +349,8 @@ def _dump(hg: hipgraph.HipGraph) -> dict[str, Any]:
     table = con.sql("SELECT passage_id, turn, vec FROM turn_vectors").to_arrow_table()
     keys = [(*passage_key[int(p)], int(t)) for p, t in zip(table.column("passage_id").to_pylist(),
                                                           table.column("turn").to_pylist(), strict=True)]
-    matrix = np.asarray(table.column("vec").combine_chunks().flatten(), dtype=np.float32).reshape(len(keys), -1)
+    dim = int(hg.store.meta_get("dimension"))
+    matrix = np.asarray(table.column("vec").combine_chunks().flatten(), dtype=np.float32).reshape(len(keys), dim)
     order = sorted(range(len(keys)), key=lambda i: keys[i])
     embeddings["turn"] = KeyedVectors(tuple(keys[i] for i in order), matrix[order])
     disk = faiss_on_disk(hg.path)

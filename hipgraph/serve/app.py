@@ -1,0 +1,227 @@
+"""The HTTP/JSON API over one open index (``hipgraph serve``).
+
+Reads (retrieve, answer, facts, stats, a document) run concurrently in the server's thread pool on
+the one :class:`~hipgraph.HipGraph` handle, which is safe from many threads; writes (documents,
+conversations, deletions) go through the single writer (:mod:`hipgraph.serve.writer`) and are
+answered only after their batch is committed. Errors are JSON ``{"error": message}``: 422 for
+input the index refuses (the message names the record and field), 404 for an absent document, 401
+without the bearer token, 413 for a body over the limit, 503 with ``Retry-After`` when the write
+queue is full.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from hipgraph.config import GeneratorConfig
+from hipgraph.errors import ConfigError, HipgraphError, InputError
+from hipgraph.serve.writer import QueueFull, WriteQueue
+
+logger = logging.getLogger(__name__)
+
+MAX_K = 1000
+MAX_QUESTIONS = 256
+MAX_DOCUMENTS = 10_000
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Server settings: the bearer ``token`` every request must carry (None: none needed; the
+    CLI requires one off loopback), the largest request body, the write queue's capacity and the
+    generator ``/v1/answer`` uses (set when the server starts, never by a request)."""
+
+    token: str | None = None
+    max_body_bytes: int = 64 * 1024 * 1024
+    write_queue: int = 64
+    generator: GeneratorConfig = GeneratorConfig()
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.write_queue < 1:
+            raise ConfigError(f"write_queue must be >= 1, got {self.write_queue}")
+        if self.token is not None and len(self.token) < 16:
+            raise ConfigError("the bearer token must be at least 16 characters")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DocumentIn(BaseModel):
+    id: str = Field(min_length=1)
+    text: str
+    title: str = ""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class DocumentsIn(_Strict):
+    documents: list[DocumentIn] = Field(min_length=1, max_length=MAX_DOCUMENTS)
+
+
+class ConversationIn(_Strict):
+    conversation: dict[str, Any]
+    dayfirst: bool | None = None
+    date_format: str | None = None
+
+
+class RetrieveIn(_Strict):
+    question: str | None = None
+    questions: list[str] | None = Field(default=None, min_length=1, max_length=MAX_QUESTIONS)
+    k: int = Field(default=5, ge=1, le=MAX_K)
+    mode: str = "graph"
+    question_date: str | None = None
+    question_dates: list[str | None] | None = None
+    as_of: str | None = None
+    memory_hits: Literal["turn", "unit"] | None = None
+
+
+class AnswerIn(_Strict):
+    question: str
+    k: int | None = Field(default=None, ge=1, le=MAX_K)
+    mode: str = "graph"
+    question_date: str | None = None
+    as_of: str | None = None
+
+
+def _error(status: int, message: str, **headers: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers or None)
+
+
+def _field_errors(exc: RequestValidationError) -> str:
+    """Pydantic's errors as ``body.documents[2].text: Field required; ...``."""
+    parts = []
+    for err in exc.errors():
+        loc = ""
+        for item in err.get("loc", ()):
+            loc += f"[{item}]" if isinstance(item, int) else (f".{item}" if loc else str(item))
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def create_app(hg: Any, config: ServeConfig = ServeConfig(),
+               on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+    """The API over the open index ``hg`` (see module docstring); ``on_shutdown`` runs after the
+    write queue has drained (the CLI closes the index there)."""
+    writer = WriteQueue(config.write_queue)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        writer.close()  # the batches queued or in flight finish before the index closes
+        if on_shutdown is not None:
+            on_shutdown()
+
+    app = FastAPI(title="hipgraph", version="1", lifespan=lifespan, docs_url="/docs",
+                  description="Graph-based retrieval over one index: documents, conversation "
+                              "memory, retrieval, answers with citations.")
+    app.state.writer = writer
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if config.token is not None and request.url.path not in ("/health",):
+            sent = request.headers.get("authorization", "")
+            if not hmac.compare_digest(sent.encode(), f"Bearer {config.token}".encode()):
+                return _error(401, "missing or wrong bearer token (Authorization: Bearer ...)")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
+            return _error(413, f"request body of {int(length):,} bytes is over the limit of "
+                               f"{config.max_body_bytes:,}")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError):
+        return _error(422, _field_errors(exc))
+
+    @app.exception_handler(InputError)
+    async def bad_input(_request: Request, exc: InputError):
+        return _error(422, str(exc))
+
+    @app.exception_handler(ConfigError)
+    async def bad_config(_request: Request, exc: ConfigError):
+        return _error(422, str(exc))
+
+    @app.exception_handler(QueueFull)
+    async def busy(_request: Request, exc: QueueFull):
+        return _error(503, f"the write queue is full ({exc}); retry", **{"Retry-After": "1"})
+
+    @app.exception_handler(HipgraphError)
+    async def failed(_request: Request, exc: HipgraphError):
+        logger.error("request failed: %s", exc)
+        return _error(500, f"{type(exc).__name__}: {exc}")
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        """200 once the index is open and the embedder is loaded."""
+        return {"status": "ok", "index": str(hg.path), "read_only": hg.store.read_only,
+                "embedder": hg.embedder.name, "pending_writes": writer.pending()}
+
+    @app.get("/v1/stats")
+    def stats() -> dict[str, Any]:
+        return dict(hg.stats())
+
+    @app.post("/v1/documents")
+    def add_documents(body: DocumentsIn) -> dict[str, Any]:
+        """Add or replace documents; answered after the batch is committed."""
+        records = [d.model_dump() for d in body.documents]
+        report = writer.submit(lambda: hg.add_documents(records))
+        return report.to_dict()
+
+    @app.get("/v1/documents/{doc_id:path}")
+    def get_document(doc_id: str):
+        doc = hg.document(doc_id)
+        return doc if doc is not None else _error(404, f"no document {doc_id!r}")
+
+    @app.delete("/v1/documents/{doc_id:path}")
+    def delete_document(doc_id: str):
+        report = writer.submit(lambda: hg.delete_documents([doc_id]))
+        return report.to_dict() if report.deleted else _error(404, f"no document {doc_id!r}")
+
+    @app.post("/v1/conversations")
+    def add_conversation(body: ConversationIn) -> dict[str, Any]:
+        """Add a conversation (the record ``add_conversation`` takes); answered after commit."""
+        report = writer.submit(lambda: hg.add_conversation(
+            body.conversation, dayfirst=body.dayfirst, date_format=body.date_format))
+        return report.to_dict()
+
+    @app.delete("/v1/conversations/{conversation_id:path}")
+    def delete_conversation(conversation_id: str):
+        report = writer.submit(lambda: hg.delete_conversation(conversation_id))
+        return report.to_dict() if report.deleted else _error(404, f"no conversation {conversation_id!r}")
+
+    @app.post("/v1/retrieve")
+    def retrieve(body: RetrieveIn):
+        """``{"hits": [...]}`` for ``question``, ``{"results": [[...], ...]}`` for ``questions``."""
+        if (body.question is None) == (body.questions is None):
+            return _error(422, "give either 'question' or 'questions'")
+        cfg = hg.retrieval if body.memory_hits is None else hg.retrieval.replace(memory_hits=body.memory_hits)
+        if body.question is not None:
+            dates = None if body.question_date is None else [body.question_date]
+            hits = hg.retrieve_many([body.question], k=body.k, mode=body.mode, config=cfg,
+                                    question_dates=dates, as_of=body.as_of)[0]
+            return {"hits": [h.to_dict() for h in hits]}
+        results = hg.retrieve_many(body.questions, k=body.k, mode=body.mode, config=cfg,
+                                   question_dates=body.question_dates, as_of=body.as_of)
+        return {"results": [[h.to_dict() for h in hits] for hits in results]}
+
+    @app.post("/v1/answer")
+    def answer(body: AnswerIn) -> dict[str, Any]:
+        """An answer with citations from the server's generator (``none``: the context only)."""
+        return hg.answer(body.question, k=body.k, mode=body.mode, generator=config.generator,
+                         question_date=body.question_date, as_of=body.as_of).to_dict()
+
+    @app.get("/v1/facts")
+    def facts(entity: str | None = None, as_of: str | None = None, current_only: bool = False):
+        return {"facts": [f.to_dict() for f in hg.facts(entity, as_of=as_of, current_only=current_only)]}
+
+    return app

@@ -293,3 +293,55 @@ def test_write_queue_runs_in_order_and_refuses_when_full():
     queue.close()
     with pytest.raises(QueueFull, match="shutting down"):
         queue.submit(lambda: None)
+
+
+def test_read_batcher_shares_calls_and_keeps_each_requests_answer_and_error(inline_index):
+    from hipgraph.errors import ConfigError
+    from hipgraph.serve.batcher import ReadBatcher
+
+    calls: list[int] = []
+    gate = threading.Event()
+
+    def retrieve_many(questions, **kw):
+        calls.append(len(questions))
+        gate.wait(10)  # the first call holds the worker while the others queue up
+        return inline_index.retrieve_many(questions, **kw)
+
+    batcher = ReadBatcher(retrieve_many, max_questions=64, workers=1)
+    questions = ["Who founded the company?", "Where is the river?", "What did the author write?"] * 4
+    answers: dict[int, list] = {}
+    errors: dict[int, Exception] = {}
+
+    def ask(i: int, **kw) -> None:
+        try:
+            answers[i] = batcher.retrieve([kw.get("question", questions[i])], k=kw.get("k", 3),
+                                          mode=kw.get("mode", "graph"), config=None,
+                                          question_dates=None, as_of=None)
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            errors[i] = exc
+
+    first = threading.Thread(target=ask, args=(0,))
+    first.start()
+    while not calls:
+        time.sleep(0.01)
+    rest = [threading.Thread(target=ask, args=(i,)) for i in range(1, 8)]
+    rest.append(threading.Thread(target=ask, args=(8,), kwargs={"question": "   "}))  # refused
+    rest.append(threading.Thread(target=ask, args=(9,), kwargs={"k": 2}))  # other settings
+    for t in rest:
+        t.start()
+    time.sleep(0.5)
+    gate.set()
+    for t in [first, *rest]:
+        t.join()
+    batcher.close()
+    # the seven waiting and the bad one share a call; it fails, so they are answered one by one
+    # (8 calls of 1) and only the bad one gets the error; k=2 is a batch of its own
+    assert calls[0] == 1 and sorted(calls) == [1] * 10 + [8], calls
+    assert isinstance(errors.pop(8), ConfigError) and not errors
+    assert len(answers[9][0]) == 2
+    for i in range(8):
+        expected = inline_index.retrieve_many([questions[i]], k=3)
+        assert [[h.passage_id for h in hs] for hs in answers[i]] == [[h.passage_id for h in hs] for hs in expected]
+    with pytest.raises(ConfigError, match="question_dates has 2 entries for 1 questions"):
+        ReadBatcher(retrieve_many).retrieve(["q"], k=1, mode="graph", config=None,
+                                            question_dates=["2024-01-01", None], as_of=None)

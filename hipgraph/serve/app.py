@@ -1,7 +1,8 @@
 """The HTTP/JSON API over one open index (``hipgraph serve``).
 
 Reads (retrieve, answer, facts, stats, a document) run concurrently in the server's thread pool on
-the one :class:`~hipgraph.HipGraph` handle, which is safe from many threads; writes (documents,
+the one :class:`~hipgraph.HipGraph` handle, which is safe from many threads; retrievals waiting at
+the same time share one ``retrieve_many`` call (:mod:`hipgraph.serve.batcher`); writes (documents,
 conversations, deletions) go through the single writer (:mod:`hipgraph.serve.writer`) and are
 answered only after their batch is committed. Errors are JSON ``{"error": message}``: 422 for
 input the index refuses (the message names the record and field), 404 for an absent document, 401
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hipgraph.config import GeneratorConfig
 from hipgraph.errors import ConfigError, HipgraphError, InputError
+from hipgraph.serve.batcher import ReadBatcher
 from hipgraph.serve.writer import QueueFull, WriteQueue
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,8 @@ class ServeConfig:
     token: str | None = None
     max_body_bytes: int = 64 * 1024 * 1024
     write_queue: int = 64
+    read_batch: int = 64  # questions answered by one retrieve_many call at most
+    read_workers: int = 2  # threads running those calls (2: one batch forms while one runs)
     generator: GeneratorConfig = GeneratorConfig()
 
     def __post_init__(self) -> None:
@@ -50,6 +54,9 @@ class ServeConfig:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.write_queue < 1:
             raise ConfigError(f"write_queue must be >= 1, got {self.write_queue}")
+        if self.read_batch < 1 or self.read_workers < 1:
+            raise ConfigError(f"read_batch and read_workers must be >= 1, got {self.read_batch}, "
+                              f"{self.read_workers}")
         if self.token is not None and len(self.token) < 16:
             raise ConfigError("the bearer token must be at least 16 characters")
 
@@ -114,10 +121,13 @@ def create_app(hg: Any, config: ServeConfig = ServeConfig(),
     """The API over the open index ``hg`` (see module docstring); ``on_shutdown`` runs after the
     write queue has drained (the CLI closes the index there)."""
     writer = WriteQueue(config.write_queue)
+    reads = ReadBatcher(hg.retrieve_many, max_questions=config.read_batch,
+                        workers=config.read_workers)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
+        reads.close()
         writer.close()  # the batches queued or in flight finish before the index closes
         if on_shutdown is not None:
             on_shutdown()
@@ -207,11 +217,11 @@ def create_app(hg: Any, config: ServeConfig = ServeConfig(),
         cfg = hg.retrieval if body.memory_hits is None else hg.retrieval.replace(memory_hits=body.memory_hits)
         if body.question is not None:
             dates = None if body.question_date is None else [body.question_date]
-            hits = hg.retrieve_many([body.question], k=body.k, mode=body.mode, config=cfg,
-                                    question_dates=dates, as_of=body.as_of)[0]
+            hits = reads.retrieve([body.question], k=body.k, mode=body.mode, config=cfg,
+                                  question_dates=dates, as_of=body.as_of)[0]
             return {"hits": [h.to_dict() for h in hits]}
-        results = hg.retrieve_many(body.questions, k=body.k, mode=body.mode, config=cfg,
-                                   question_dates=body.question_dates, as_of=body.as_of)
+        results = reads.retrieve(body.questions, k=body.k, mode=body.mode, config=cfg,
+                                 question_dates=body.question_dates, as_of=body.as_of)
         return {"results": [[h.to_dict() for h in hits] for hits in results]}
 
     @app.post("/v1/answer")

@@ -169,6 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_output(p)
     p.set_defaults(func=cmd_serve)
 
+    p = sub.add_parser("mcp", help="serve one index as an MCP server over stdio: remember, "
+                                   "add_documents, recall, answer, stats (needs the serve extra)")
+    add_db(p)
+    add_embedder(p)
+    p.add_argument("--create", action="store_true", help="create the index when it does not exist")
+    group = p.add_argument_group("answering (the answer tool)")
+    group.add_argument("--generator", choices=("none", "openai", "local"), default="none")
+    group.add_argument("--context-tokens", type=int, default=2000, help="context budget in tokens")
+    add_strict_json(group)
+    add_retrieval(p)
+    add_output(p)
+    p.set_defaults(func=cmd_mcp)
+
     p = sub.add_parser("stats", help="counts of documents, passages, entities, facts, edges")
     add_db(p)
     add_embedder(p)
@@ -543,6 +556,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     serve(args.db, host=args.host, port=args.port, token=token, create=args.create,
           open_kwargs=open_kwargs, write_queue=args.write_queue,
           max_body_bytes=args.max_body_mb * 1024 * 1024, generator=generator_config(args))
+    return 0
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from hipgraph.serve.mcp_server import run_stdio  # noqa: PLC0415
+
+    open_kwargs = {"embedder": session_embedder(args)}
+    config = retrieval_config(args)
+    if config is not None:
+        open_kwargs["retrieval"] = config
+    run_stdio(args.db, create=args.create, open_kwargs=open_kwargs, generator=generator_config(args))
     return 0
 
 

@@ -40,7 +40,9 @@ demo: $(STAMP)
 	$(VENV)/bin/hipgraph index --db $(DEMO_DB) data/musique_sample.json
 	$(VENV)/bin/hipgraph query --db $(DEMO_DB) "$(QUESTION)" -k 5
 
+# the explorer page's test drives Debian's chromium headless (CI and the dev machine run as root)
 test: $(DEV_STAMP)
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 

@@ -380,6 +380,15 @@ class HipGraph:
 
         return to_networkx(self._graph_view(question, entities, hops, k, max_nodes, config))
 
+    def subgraph(self, question: str | None = None, *, entities: Sequence[str] | None = None,
+                 hops: int = 1, k: int = 5, max_nodes: int = 300,
+                 config: RetrievalConfig | None = None) -> dict[str, Any]:
+        """:meth:`to_networkx`'s graph as plain JSON: ``{"nodes": [{"id", ...attributes}],
+        "edges": [{"source", "target", ...attributes}]}`` (needs no graph library)."""
+        view = self._graph_view(question, entities, hops, k, max_nodes, config)
+        return {"nodes": [{"id": key, **attrs} for key, attrs in view.nodes.items()],
+                "edges": [{"source": a, "target": b, **attrs} for a, b, attrs in view.edges]}
+
     def to_igraph(self, question: str | None = None, *, entities: Sequence[str] | None = None,
                   hops: int = 1, k: int = 5, max_nodes: int = 300, config: RetrievalConfig | None = None):
         """:meth:`to_networkx` as an ``igraph.Graph`` (node keys in the ``name`` attribute)."""

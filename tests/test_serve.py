@@ -345,3 +345,46 @@ def test_read_batcher_shares_calls_and_keeps_each_requests_answer_and_error(inli
     with pytest.raises(ConfigError, match="question_dates has 2 entries for 1 questions"):
         ReadBatcher(retrieve_many).retrieve(["q"], k=1, mode="graph", config=None,
                                             question_dates=["2024-01-01", None], as_of=None)
+
+
+def _chromium() -> str:
+    import shutil
+
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        raise AssertionError("the explorer test needs Debian's chromium: apt-get install -y chromium "
+                             "(make test installs it)")
+    return path
+
+
+def test_explorer_page_draws_the_question_subgraph_in_headless_chromium(server, tmp_path):
+    from urllib.parse import quote
+
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    with server.client() as c:
+        c.post("/v1/documents", json={"documents": DOCS})
+        graph = c.get("/v1/graph", params={"question": "Who designed the Analytical Engine?", "k": 2}).json()
+        assert graph["nodes"] and graph["edges"]
+        assert sum(1 for n in graph["nodes"] if n.get("retrieved")) == 2
+        assert any(e["on_path"] for e in graph["edges"])
+        page = c.get("/")
+        assert page.status_code == 200 and "<svg" in page.text
+        assert "http://" not in page.text.replace("http://www.w3.org/2000/svg", "")  # nothing fetched elsewhere
+    url = f"{server.url}/?q={quote('Who designed the Analytical Engine?')}&k=2"
+    browser = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000"]
+    dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    assert 'data-ready="1"' in dom, dom[-2000:]
+    assert dom.count("<circle") == len(graph["nodes"]) and "Charles Babbage designed" in dom
+    shot = tmp_path / "explorer.png"
+    subprocess.run([*browser, "--window-size=1200,800", f"--screenshot={shot}", url],
+                   capture_output=True, timeout=120, check=True)
+    pixels = mpimg.imread(str(shot))[:, :, :3]
+    graph_half = pixels[:, pixels.shape[1] // 2:]
+
+    def share(rgb: tuple[int, int, int]) -> float:
+        return float((np.abs(graph_half - np.array(rgb) / 255).max(axis=2) < 0.06).mean())
+
+    assert share((0xE4, 0x57, 0x2E)) > 1e-4  # the retrieved passages' nodes are drawn
+    assert share((0x29, 0xA3, 0x29)) > 1e-4  # seed entities and the on-path edges

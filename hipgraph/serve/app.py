@@ -17,11 +17,12 @@ import logging
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from hipgraph.config import GeneratorConfig
@@ -31,6 +32,7 @@ from hipgraph.serve.writer import QueueFull, WriteQueue
 
 logger = logging.getLogger(__name__)
 
+EXPLORER = Path(__file__).with_name("explorer.html")
 MAX_K = 1000
 MAX_QUESTIONS = 256
 MAX_DOCUMENTS = 10_000
@@ -139,7 +141,7 @@ def create_app(hg: Any, config: ServeConfig = ServeConfig(),
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        if config.token is not None and request.url.path not in ("/health",):
+        if config.token is not None and request.url.path not in ("/health", "/"):
             sent = request.headers.get("authorization", "")
             if not hmac.compare_digest(sent.encode(), f"Bearer {config.token}".encode()):
                 return _error(401, "missing or wrong bearer token (Authorization: Bearer ...)")
@@ -229,6 +231,19 @@ def create_app(hg: Any, config: ServeConfig = ServeConfig(),
         """An answer with citations from the server's generator (``none``: the context only)."""
         return hg.answer(body.question, k=body.k, mode=body.mode, generator=config.generator,
                          question_date=body.question_date, as_of=body.as_of).to_dict()
+
+    @app.get("/v1/graph")
+    def graph(question: str, k: int = 5, max_nodes: int = 120):
+        """A question's PPR subgraph (seeds, top-k passages, their strongest paths, grown by
+        PageRank mass to ``max_nodes``) as nodes and edges (what the explorer page draws)."""
+        if not 1 <= k <= MAX_K or not 1 <= max_nodes <= 1000:
+            return _error(422, "k must be in 1..1000 and max_nodes in 1..1000")
+        return hg.subgraph(question, k=k, max_nodes=max_nodes)
+
+    @app.get("/", include_in_schema=False)
+    def explorer():
+        """The explorer page: a question box, the hits with their why-paths, the subgraph."""
+        return HTMLResponse(EXPLORER.read_text(encoding="utf-8"))
 
     @app.get("/v1/facts")
     def facts(entity: str | None = None, as_of: str | None = None, current_only: bool = False):

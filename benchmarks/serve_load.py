@@ -1,10 +1,11 @@
-"""Load on ``hipgraph serve``: R concurrent readers and one writer, then the same with ``kill -9``.
+"""Load on ``hipgraph serve``: R concurrent readers alone and beside one writer, then with ``kill -9``.
 
     python benchmarks/serve_load.py --db indexes/musique \\
         --bundle ../shared/data/multihop/musique_train100.json [--readers 1,4,16] [--seconds 60]
 
-The index is copied first (the writer adds to it). For each R, a server is started on a free
-loopback port; R threads call ``POST /v1/retrieve`` (graph mode, k=5, the bundle's questions in
+Every run starts from a fresh copy of the index (the writer adds to it, and conversation memory
+makes retrieval take the memory path). For each R, a server is started on a free
+loopback port (once with readers only, once beside the writer); R threads call ``POST /v1/retrieve`` (graph mode, k=5, the bundle's questions in
 turn) and one thread adds conversation sessions (``POST /v1/conversations``, one 4-turn session
 each) for ``--seconds``. Printed per run: reads/s, p50/p95/p99 of the reads, failed requests
 (any status but 200, or a transport error), acknowledged writes, and the acknowledged writes
@@ -109,7 +110,8 @@ def session(writer: int, n: int) -> dict:
             {"speaker": "Ben", "text": "Good, the compost helps."}]}]}}
 
 
-def run(db: Path, questions: list[str], readers: int, seconds: float, kill: bool) -> dict:
+def run(db: Path, questions: list[str], readers: int, seconds: float, kill: bool,
+        writing: bool = True) -> dict:
     server = Server(db)
     server.start()
     lat: list[float] = []
@@ -164,7 +166,8 @@ def run(db: Path, questions: list[str], readers: int, seconds: float, kill: bool
                 n += 1
 
     threads = [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
-    threads.append(threading.Thread(target=writer))
+    if writing:
+        threads.append(threading.Thread(target=writer))
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -184,7 +187,7 @@ def run(db: Path, questions: list[str], readers: int, seconds: float, kill: bool
     with httpx.Client(base_url=server.url, timeout=60) as c:
         lost = [key for key in acked if c.get(f"/v1/documents/{quote(key, safe='')}").status_code != 200]
     exit_code = server.stop()
-    return {"readers": readers, "kill_9": kill, "seconds": round(wall, 1),
+    return {"readers": readers, "writer": writing, "kill_9": kill, "seconds": round(wall, 1),
             "reads_per_s": round(counts["reads"] / wall, 1),
             "p50_ms": round(percentile(lat, 0.5), 2), "p95_ms": round(percentile(lat, 0.95), 2),
             "p99_ms": round(percentile(lat, 0.99), 2), "failed": counts["failed"] + counts["write_failed"],
@@ -204,23 +207,29 @@ def main() -> int:
     questions = [q["question"] for q in json.loads(args.bundle.read_text())["questions"]]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / "ix"
-        shutil.copytree(args.db, copy, ignore=shutil.ignore_patterns("*.lock"))
-        reference = in_process(copy, questions)
+        copies = iter(range(10**6))
+
+        def fresh() -> Path:  # every run starts from the index as given (the writer grows it)
+            copy = Path(tmp) / f"ix{next(copies)}"
+            shutil.copytree(args.db, copy, ignore=shutil.ignore_patterns("*.lock"))
+            return copy
+
+        reference = in_process(fresh(), questions)
         for r in [int(x) for x in args.readers.split(",") if x.strip()]:
-            rows.append(run(copy, questions, r, args.seconds, kill=False))
+            rows.append(run(fresh(), questions, r, args.seconds, kill=False, writing=False))
+            rows.append(run(fresh(), questions, r, args.seconds, kill=False))
         if not args.no_kill:
-            rows.append(run(copy, questions, max(int(x) for x in args.readers.split(",")), args.seconds, kill=True))
+            rows.append(run(fresh(), questions, max(int(x) for x in args.readers.split(",")), args.seconds, kill=True))
     out = {"db": str(args.db), "cpus": os.cpu_count(), "in_process": reference, "runs": rows}
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         print(f"index {args.db} (copy), {os.cpu_count()} CPUs; in-process: retrieve p50 "
               f"{reference['p50_ms']} ms, retrieve_many {reference['retrieve_many_qps']} q/s")
-        print(f"{'readers':>7s} {'kill-9':>6s} {'reads/s':>8s} {'x many':>7s} {'p50':>7s} {'p95':>7s} "
+        print(f"{'readers':>7s} {'writer':>6s} {'kill-9':>6s} {'reads/s':>8s} {'x many':>7s} {'p50':>7s} {'p95':>7s} "
               f"{'p99':>7s} {'failed':>6s} {'down':>5s} {'acked':>6s} {'lost':>5s}")
         for r in rows:
-            print(f"{r['readers']:7d} {str(r['kill_9']):>6s} {r['reads_per_s']:8.1f} "
+            print(f"{r['readers']:7d} {str(r['writer']):>6s} {str(r['kill_9']):>6s} {r['reads_per_s']:8.1f} "
                   f"{r['reads_per_s'] / reference['retrieve_many_qps']:7.2f} {r['p50_ms']:7.2f} "
                   f"{r['p95_ms']:7.2f} {r['p99_ms']:7.2f} {r['failed']:6d} {r['refused_while_down']:5d} "
                   f"{r['acked_writes']:6d} {r['lost_writes']:5d}")

@@ -388,3 +388,29 @@ def test_explorer_page_draws_the_question_subgraph_in_headless_chromium(server, 
 
     assert share((0xE4, 0x57, 0x2E)) > 1e-4  # the retrieved passages' nodes are drawn
     assert share((0x29, 0xA3, 0x29)) > 1e-4  # seed entities and the on-path edges
+
+
+def test_mcp_tools_over_streamable_http_under_serve(server):
+    import asyncio
+    import json as _json
+
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def steps():
+        async with streamable_http_client(f"{server.url}/mcp") as streams:
+            read, write = streams[0], streams[1]
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                names = {t.name for t in (await s.list_tools()).tools}
+                assert names == {"remember", "add_documents", "recall", "answer", "stats"}
+                done = await s.call_tool("add_documents", {"documents": [
+                    {"id": "mcp-note", "text": "The lighthouse keeper Mara paints gulls on Sundays."}]})
+                assert not done.is_error and _json.loads(done.content[0].text)["added"] == 1
+                hits = await s.call_tool("recall", {"question": "Who paints gulls?", "k": 3})
+                return _json.loads(hits.content[0].text)["hits"]
+
+    hits = asyncio.run(steps())
+    assert any(h["doc_id"] == "mcp-note" for h in hits)
+    with server.client() as c:  # written through the server's one writer, visible over REST too
+        assert c.get("/v1/documents/mcp-note").status_code == 200

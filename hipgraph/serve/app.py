@@ -50,6 +50,7 @@ class ServeConfig:
     read_batch: int = 64  # questions answered by one retrieve_many call at most
     read_workers: int = 2  # threads running those calls (2: one batch forms while one runs)
     generator: GeneratorConfig = GeneratorConfig()
+    mcp: bool = True  # the MCP tools over streamable HTTP at /mcp (when the SDK is installed)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
@@ -107,6 +108,12 @@ def _error(status: int, message: str, **headers: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
 
+def _json(content: Any) -> JSONResponse:
+    """Plain JSON data sent as it is: FastAPI's generic encoder walks every value of a response
+    (several ms for the hits of one graph query)."""
+    return JSONResponse(content)
+
+
 def _field_errors(exc: RequestValidationError) -> str:
     """Pydantic's errors as ``body.documents[2].text: Field required; ...``."""
     parts = []
@@ -118,6 +125,19 @@ def _field_errors(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
+def _mcp_app(hg: Any, config: ServeConfig, writer: WriteQueue):
+    """The MCP tools (:mod:`hipgraph.serve.mcp_server`) as a streamable-HTTP app whose writes
+    go through ``writer``; None without the SDK."""
+    try:
+        from hipgraph.serve.mcp_server import build_server  # noqa: PLC0415
+
+        server = build_server(hg, config.generator, write=writer.submit)
+    except ImportError:
+        logger.info("the mcp package is not installed: no /mcp endpoint")
+        return None
+    return server.streamable_http_app(streamable_http_path="/mcp", max_request_body_size=config.max_body_bytes)
+
+
 def create_app(hg: Any, config: ServeConfig = ServeConfig(),
                on_shutdown: Callable[[], None] | None = None) -> FastAPI:
     """The API over the open index ``hg`` (see module docstring); ``on_shutdown`` runs after the
@@ -126,9 +146,15 @@ def create_app(hg: Any, config: ServeConfig = ServeConfig(),
     reads = ReadBatcher(hg.retrieve_many, max_questions=config.read_batch,
                         workers=config.read_workers)
 
+    mcp_app = _mcp_app(hg, config, writer) if config.mcp else None
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
-        yield
+        if mcp_app is not None:  # its session manager runs as long as the server
+            async with mcp_app.router.lifespan_context(mcp_app):
+                yield
+        else:
+            yield
         reads.close()
         writer.close()  # the batches queued or in flight finish before the index closes
         if on_shutdown is not None:
@@ -138,6 +164,8 @@ def create_app(hg: Any, config: ServeConfig = ServeConfig(),
                   description="Graph-based retrieval over one index: documents, conversation "
                               "memory, retrieval, answers with citations.")
     app.state.writer = writer
+    if mcp_app is not None:
+        app.router.routes.extend(mcp_app.routes)  # POST/GET/DELETE /mcp, behind the same token
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
@@ -221,16 +249,16 @@ def create_app(hg: Any, config: ServeConfig = ServeConfig(),
             dates = None if body.question_date is None else [body.question_date]
             hits = reads.retrieve([body.question], k=body.k, mode=body.mode, config=cfg,
                                   question_dates=dates, as_of=body.as_of)[0]
-            return {"hits": [h.to_dict() for h in hits]}
+            return _json({"hits": [h.to_dict() for h in hits]})
         results = reads.retrieve(body.questions, k=body.k, mode=body.mode, config=cfg,
                                  question_dates=body.question_dates, as_of=body.as_of)
-        return {"results": [[h.to_dict() for h in hits] for hits in results]}
+        return _json({"results": [[h.to_dict() for h in hits] for hits in results]})
 
     @app.post("/v1/answer")
     def answer(body: AnswerIn) -> dict[str, Any]:
         """An answer with citations from the server's generator (``none``: the context only)."""
-        return hg.answer(body.question, k=body.k, mode=body.mode, generator=config.generator,
-                         question_date=body.question_date, as_of=body.as_of).to_dict()
+        return _json(hg.answer(body.question, k=body.k, mode=body.mode, generator=config.generator,
+                               question_date=body.question_date, as_of=body.as_of).to_dict())
 
     @app.get("/v1/graph")
     def graph(question: str, k: int = 5, max_nodes: int = 120):
@@ -238,7 +266,7 @@ def create_app(hg: Any, config: ServeConfig = ServeConfig(),
         PageRank mass to ``max_nodes``) as nodes and edges (what the explorer page draws)."""
         if not 1 <= k <= MAX_K or not 1 <= max_nodes <= 1000:
             return _error(422, "k must be in 1..1000 and max_nodes in 1..1000")
-        return hg.subgraph(question, k=k, max_nodes=max_nodes)
+        return _json(hg.subgraph(question, k=k, max_nodes=max_nodes))
 
     @app.get("/", include_in_schema=False)
     def explorer():

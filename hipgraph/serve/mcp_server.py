@@ -1,4 +1,5 @@
-"""``hipgraph mcp``: the index as an MCP server over stdio (the official ``mcp`` SDK, 2.x).
+"""``hipgraph mcp``: the index as an MCP server over stdio (the official ``mcp`` SDK, 2.x); the
+same tools are served over streamable HTTP at ``/mcp`` by ``hipgraph serve``.
 
 Tools (each input schema comes from the signature and docstring below):
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from hipgraph.config import GeneratorConfig
@@ -48,8 +50,11 @@ def _reported(fn):
     return tool
 
 
-def build_server(hg: Any, generator: GeneratorConfig = NO_GENERATOR):
-    """An ``MCPServer`` whose tools read and write ``hg`` (an open, writable index)."""
+def build_server(hg: Any, generator: GeneratorConfig = NO_GENERATOR,
+                 write: Callable[[Callable[[], Any]], Any] | None = None):
+    """An ``MCPServer`` whose tools read and write ``hg`` (an open, writable index); ``write``
+    runs each write call (``hipgraph serve`` passes its single writer's queue)."""
+    write = write or (lambda call: call())
     from mcp.server.mcpserver import MCPServer  # noqa: PLC0415
 
     server = MCPServer("hipgraph", instructions=(
@@ -70,7 +75,7 @@ def build_server(hg: Any, generator: GeneratorConfig = NO_GENERATOR):
         record = {"id": conversation, "sessions": [
             {"id": sid, "time": time or now.isoformat(timespec="seconds"),
              "turns": [{"speaker": t.get("speaker"), "text": t.get("text")} for t in turns]}]}
-        report = hg.add_conversation(record)
+        report = write(lambda: hg.add_conversation(record))
         return {"session": sid, **report.to_dict()}
 
     @server.tool()
@@ -78,7 +83,7 @@ def build_server(hg: Any, generator: GeneratorConfig = NO_GENERATOR):
     def add_documents(documents: list[dict[str, Any]]) -> dict[str, Any]:
         """Add or replace documents: [{"id": "...", "text": "...", "title"?: "...",
         "metadata"?: {...}}]. An unchanged document is skipped."""
-        return hg.add_documents(documents).to_dict()
+        return write(lambda: hg.add_documents(documents)).to_dict()
 
     @server.tool()
     @_reported

@@ -166,6 +166,17 @@ def test_bearer_token_and_body_limit(tmp_path):
             big = {"documents": [{"id": "big", "text": "word " * 300_000}]}
             r = c.post("/v1/documents", json=big)
             assert r.status_code == 413 and "over the limit of 1,048,576" in r.json()["error"]
+
+            def chunked():  # no Content-Length: counted as it arrives
+                for _ in range(300):
+                    yield b" " * 10_000
+
+            r = c.post("/v1/documents", content=chunked(), headers={"content-type": "application/json"})
+            assert r.status_code == 413 and "over the limit of 1,048,576 bytes" in r.json()["error"]
+            small = c.post("/v1/documents", content=iter([b'{"documents": [{"id": "s", ', b'"text": "tiny"}]}']),
+                           headers={"content-type": "application/json"})
+            assert small.status_code == 200 and small.json()["added"] == 1
+            assert c.delete("/v1/documents/s").json()["deleted"] == 1
             assert c.get("/v1/stats").json()["documents"] == 0
     finally:
         assert srv.stop() == 0

@@ -108,6 +108,52 @@ def _error(status: int, message: str, **headers: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers or None)
 
 
+class BodyLimit:
+    """Refuses a request body over ``limit`` bytes with 413: by its ``Content-Length`` before
+    reading it, and a body without one (chunked) while it arrives (buffered up to the limit)."""
+
+    def __init__(self, app: Any, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None:
+            if length.isdigit() and int(length) > self.limit:
+                await self._refuse(send, f"request body of {int(length):,} bytes is over the limit of {self.limit:,}")
+                return
+            await self.app(scope, receive, send)
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.limit:
+                await self._refuse(send, f"request body is over the limit of {self.limit:,} bytes")
+                return
+        body, sent = b"".join(chunks), False
+
+        async def replay() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(send: Any, message: str) -> None:
+        await JSONResponse({"error": message}, status_code=413)({"type": "http"}, None, send)
+
+
 def _json(content: Any) -> JSONResponse:
     """Plain JSON data sent as it is: FastAPI's generic encoder walks every value of a response
     (several ms for the hits of one graph query)."""
@@ -173,11 +219,9 @@ def create_app(hg: Any, config: ServeConfig = ServeConfig(),
             sent = request.headers.get("authorization", "")
             if not hmac.compare_digest(sent.encode(), f"Bearer {config.token}".encode()):
                 return _error(401, "missing or wrong bearer token (Authorization: Bearer ...)")
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
-            return _error(413, f"request body of {int(length):,} bytes is over the limit of "
-                               f"{config.max_body_bytes:,}")
         return await call_next(request)
+
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError):

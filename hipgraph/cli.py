@@ -1,4 +1,4 @@
-"""The batch command line: ``hipgraph index | query | eval | stats``."""
+"""The command line: ``hipgraph index | query | eval | stats`` (batch) and ``serve | mcp`` (servers)."""
 
 from __future__ import annotations
 

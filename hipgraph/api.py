@@ -31,6 +31,7 @@ from hipgraph.indexers.pipeline import Indexer, Progress, release_freed_memory
 from hipgraph.models.base import Embedder
 from hipgraph.models.chat import ChatClient
 from hipgraph.query.engine import MODES, Retriever
+from hipgraph.store import reads
 from hipgraph.store.database import GraphStore
 from hipgraph.store.llm_cache import DuckDBResponseCache
 from hipgraph.store.vector_set import VectorSet
@@ -342,9 +343,7 @@ class HipGraph:
                 raise ConfigError("session_ids takes a list of ids, not one string")
             keys = [session_key(conversation_id, s) for s in session_ids]
         else:
-            from hipgraph.store.reads import document_keys_with_prefix  # noqa: PLC0415
-
-            keys = document_keys_with_prefix(self.store, f"{conversation_id}#")
+            keys = reads.document_keys_with_prefix(self.store, f"{conversation_id}#")
         return self.delete_documents(keys)
 
     def delete_documents(self, ids: Sequence[str]) -> IndexReport:
@@ -362,12 +361,10 @@ class HipGraph:
     def document(self, id: str) -> dict[str, Any] | None:  # noqa: A002 - the document's own name
         """The stored document ``id`` (title, metadata, when added, and its passages with their
         character offsets into the text it was added with), or None when absent."""
-        from hipgraph.store.reads import document_by_key  # noqa: PLC0415
-
         if not isinstance(id, str):
             raise ConfigError(f"document id must be a string, got {type(id).__name__}")
         with self.store.lock.shared():
-            return document_by_key(self.store, id)
+            return reads.document_by_key(self.store, id)
 
     def to_networkx(self, question: str | None = None, *, entities: Sequence[str] | None = None,
                     hops: int = 1, k: int = 5, max_nodes: int = 300, config: RetrievalConfig | None = None):
@@ -410,13 +407,12 @@ class HipGraph:
         ``invalid_at`` and ``invalidated_by``. ``as_of`` leaves out facts stated later;
         ``current_only`` keeps those that still held then (or now). Ordered by time, then id."""
         from hipgraph.query.validity import FactTime  # noqa: PLC0415
-        from hipgraph.store.reads import triple_facts  # noqa: PLC0415
         from hipgraph.temporal import parse_time  # noqa: PLC0415
         from hipgraph.text.normalize import normalize_entity  # noqa: PLC0415
 
         when = parse_time(as_of, where="as_of") if as_of is not None else None
         with self.retriever.reading() as view:
-            rows = triple_facts(self.store, None if entity is None else normalize_entity(entity))
+            rows = reads.triple_facts(self.store, None if entity is None else normalize_entity(entity))
             times = view.fact_times()
         out = []
         for fid, sid, subj, rel, oid, obj, pids in rows:

@@ -20,6 +20,7 @@ from hipgraph.cli_options import (
     add_dates,
     add_db,
     add_embedder,
+    add_generator,
     add_llm,
     add_output,
     add_retrieval,
@@ -99,13 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     group = p.add_argument_group("answering")
     group.add_argument("--answer", action="store_true",
                        help="hand the passages to a generator and print its cited answer")
-    group.add_argument("--generator", choices=("none", "openai", "local"), default="openai",
-                       help="with --answer: openai (any OpenAI-compatible endpoint, set by "
-                            "--llm-base-url/--llm-model), local (a transformers model: "
-                            "--llm-model PATH, a folder or .gguf; default the packaged SmolLM2) "
-                            "or none (print the cited context)")
-    group.add_argument("--context-tokens", type=int, default=2000, help="context budget in tokens")
-    add_strict_json(group)
+    add_generator(group, "openai", "with --answer: openai (any OpenAI-compatible endpoint, set by "
+                                   "--llm-base-url/--llm-model), local (a transformers model: "
+                                   "--llm-model PATH, a folder or .gguf; default the packaged "
+                                   "SmolLM2) or none (print the cited context)")
     add_retrieval(p)
     add_output(p)
     p.set_defaults(func=cmd_query)

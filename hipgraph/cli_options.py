@@ -131,6 +131,15 @@ def new_index_config(args: argparse.Namespace):
     return config.replace(**changes) if changes else config
 
 
+def add_generator(group: argparse._ArgumentGroup, default: str = "none", help: str | None = None) -> None:  # noqa: A002
+    """``--generator none|openai|local``, ``--context-tokens`` and ``--strict-json``."""
+    group.add_argument("--generator", choices=("none", "openai", "local"), default=default,
+                       help=help or "none (the cited context, the default), openai (--llm-base-url/"
+                                    "--llm-model) or local (a transformers model)")
+    group.add_argument("--context-tokens", type=int, default=2000, help="context budget in tokens")
+    add_strict_json(group)
+
+
 def add_strict_json(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--strict-json", action="store_true",
                        help="a reply that is not the JSON answer schema is an error (default: it "

@@ -7,9 +7,9 @@ import argparse
 from hipgraph.cli_options import (
     add_db,
     add_embedder,
+    add_generator,
     add_output,
     add_retrieval,
-    add_strict_json,
     generator_config,
     retrieval_config,
     session_embedder,
@@ -32,14 +32,7 @@ def add_server_commands(sub) -> None:
     p.add_argument("--write-queue", type=int, default=64,
                    help="writes waiting at most; a write beyond them is answered 503 with Retry-After")
     p.add_argument("--max-body-mb", type=int, default=64, help="largest request body (MiB)")
-    group = p.add_argument_group("answering (/v1/answer)")
-    group.add_argument("--generator", choices=("none", "openai", "local"), default="none",
-                       help="none (the cited context, the default), openai (--llm-base-url/"
-                            "--llm-model) or local (a transformers model)")
-    group.add_argument("--context-tokens", type=int, default=2000, help="context budget in tokens")
-    add_strict_json(group)
-    add_retrieval(p)
-    add_output(p)
+    _add_answering_and_retrieval(p, "answering (/v1/answer)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("mcp", help="serve one index as an MCP server over stdio: remember, "
@@ -47,13 +40,23 @@ def add_server_commands(sub) -> None:
     add_db(p)
     add_embedder(p)
     p.add_argument("--create", action="store_true", help="create the index when it does not exist")
-    group = p.add_argument_group("answering (the answer tool)")
-    group.add_argument("--generator", choices=("none", "openai", "local"), default="none")
-    group.add_argument("--context-tokens", type=int, default=2000, help="context budget in tokens")
-    add_strict_json(group)
+    _add_answering_and_retrieval(p, "answering (the answer tool)")
+    p.set_defaults(func=cmd_mcp)
+
+
+def _add_answering_and_retrieval(p: argparse.ArgumentParser, title: str) -> None:
+    add_generator(p.add_argument_group(title))
     add_retrieval(p)
     add_output(p)
-    p.set_defaults(func=cmd_mcp)
+
+
+def _open_kwargs(args: argparse.Namespace) -> dict:
+    """``hipgraph.open`` arguments from the session's embedder and retrieval flags."""
+    kwargs = {"embedder": session_embedder(args)}
+    config = retrieval_config(args)
+    if config is not None:
+        kwargs["retrieval"] = config
+    return kwargs
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -62,12 +65,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise InputError(f"--port must be in 1..65535, got {args.port}")
     token = token_from_env(args.token_env, args.host)
-    open_kwargs = {"embedder": session_embedder(args)}
-    config = retrieval_config(args)
-    if config is not None:
-        open_kwargs["retrieval"] = config
     serve(args.db, host=args.host, port=args.port, token=token, create=args.create,
-          open_kwargs=open_kwargs, write_queue=args.write_queue,
+          open_kwargs=_open_kwargs(args), write_queue=args.write_queue,
           max_body_bytes=args.max_body_mb * 1024 * 1024, generator=generator_config(args))
     return 0
 
@@ -75,9 +74,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_mcp(args: argparse.Namespace) -> int:
     from hipgraph.serve.mcp_server import run_stdio  # noqa: PLC0415
 
-    open_kwargs = {"embedder": session_embedder(args)}
-    config = retrieval_config(args)
-    if config is not None:
-        open_kwargs["retrieval"] = config
-    run_stdio(args.db, create=args.create, open_kwargs=open_kwargs, generator=generator_config(args))
+    run_stdio(args.db, create=args.create, open_kwargs=_open_kwargs(args), generator=generator_config(args))
     return 0

@@ -28,7 +28,7 @@ from hipgraph.indexers.extract_base import Extractor
 from hipgraph.indexers.extract_spacy import COOCCURS
 from hipgraph.models.base import Embedder
 from hipgraph.text.facts import fact_text
-from hipgraph.text.memory_units import SESSION_KIND
+from hipgraph.text.memory_units import SESSION_KIND, unit_turns
 from hipgraph.text.normalize import clean_surface, normalize_entity, normalize_relation
 from hipgraph.types import Chunk, Document, Extraction
 
@@ -92,7 +92,7 @@ def extract_batch(docs: list[Document], config: IndexConfig, extractor: Extracto
     work.key_texts = _key_texts(work, docs, config)
     work.names = sorted({m[1] for m in work.mentions})
     work.fact_texts = sorted({fact_text(s, r, o) for _, s, r, o, kind in work.facts if kind == "triple"})
-    work.turn_keys, work.turn_texts = unit_turns(work.chunks, [docs[i] for i in work.chunk_doc])
+    work.turn_keys, work.turn_texts = batch_turns(work.chunks, [docs[i] for i in work.chunk_doc])
     work.seconds["extract"] = time.perf_counter() - t0
     return work
 
@@ -109,18 +109,15 @@ def embed_batch(work: BatchWork, embedder: Embedder) -> BatchWork:
     return work
 
 
-def unit_turns(chunks: list[Chunk], docs: list[Document]) -> tuple[list[tuple[int, int]], list[str]]:
+def batch_turns(chunks: list[Chunk], docs: list[Document]) -> tuple[list[tuple[int, int]], list[str]]:
     """The turns of the conversation memory units among ``chunks`` (``docs[i]`` is chunk ``i``'s
     document): ``(chunk, position in the session's turns)`` and each turn's ``Speaker: text`` line."""
     keys, texts = [], []
     for ci, (chunk, doc) in enumerate(zip(chunks, docs, strict=True)):
-        if doc.metadata.get("kind") != SESSION_KIND:
-            continue
-        for pos, turn in enumerate(doc.metadata.get("turns", [])):
-            start, end = turn[2], turn[3]
-            if start < chunk.end and end > chunk.start:
+        if doc.metadata.get("kind") == SESSION_KIND:
+            for pos, turn in unit_turns(doc.metadata, chunk.start, chunk.end):
                 keys.append((ci, pos))
-                texts.append(doc.text[start:end])
+                texts.append(doc.text[turn[2]:turn[3]])
     return keys, texts
 
 

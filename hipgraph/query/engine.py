@@ -336,9 +336,9 @@ class Retriever:
     def _stale_objects(self, q: Query, qvecs: np.ndarray) -> list[dict[int, set[str]]] | None:
         """Per question: unit -> objects of the replaced facts among its ``graph.fact_top_k``
         best-matching facts that the unit states (none for a question about the past)."""
-        validity = q.view.fact_times()
-        if not validity or q.when is None or not any(t.invalid_at is not None for t in validity.values()):
+        if q.when is None or not q.view.has_replaced_facts():
             return None
+        validity = q.view.fact_times()
         _, f_ids = q.view.search("fact", qvecs, q.cfg.graph.fact_top_k)
         stale_ids: list[set[int]] = []
         for row, (at, past) in zip(f_ids, q.when, strict=True):

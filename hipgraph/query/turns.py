@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from hipgraph.query.hits import Ranked
+from hipgraph.text.memory_units import unit_turns
 
 logger = logging.getLogger(__name__)
 
@@ -65,34 +66,26 @@ class MemoryTurns:
         for pid, start, end, text, meta in rows:
             first = len(units)
             session_time = meta.get("time") or ""
-            for pos, turn in enumerate(meta.get("turns", [])):
-                t_start, t_end = turn[2], turn[3]
-                if t_start < end and t_end > start:
-                    units.append(pid)
-                    positions.append(pos)
-                    ids.append(turn[0])
-                    speakers.append(turn[1])
-                    texts.append(text[max(0, t_start - start): t_end - start])
-                    times.append(turn[4] or session_time)
+            for pos, turn in unit_turns(meta, start, end):
+                units.append(pid)
+                positions.append(pos)
+                ids.append(turn[0])
+                speakers.append(turn[1])
+                texts.append(text[max(0, turn[2] - start): turn[3] - start])
+                times.append(turn[4] or session_time)
             self.by_unit[pid] = (first, len(units))
         self.unit = np.asarray(units, dtype=np.int64)
         self.position = np.asarray(positions, dtype=np.int64)
         self.ids, self.speakers, self.texts, self.times = ids, speakers, texts, times
-        self._bm25: dict[tuple[float, float], Any] = {}
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def bm25(self, k1: float, b: float):
-        """A BM25 index over the turn lines (ids are row numbers); build once per ``(k1, b)``
-        and reuse (the read view calls this under its per-part lock)."""
+        """A BM25 index over the turn lines (ids are row numbers); the read view keeps it."""
         from hipgraph.query.bm25 import BM25Config, BM25Index  # noqa: PLC0415
 
-        key = (k1, b)
-        if key not in self._bm25:
-            self._bm25[key] = BM25Index.build(np.arange(len(self.ids), dtype=np.int64), self.texts,
-                                              BM25Config(k1=k1, b=b))
-        return self._bm25[key]
+        return BM25Index.build(np.arange(len(self.ids), dtype=np.int64), self.texts, BM25Config(k1=k1, b=b))
 
     def rows_of(self, pid: int) -> range:
         first, end = self.by_unit.get(pid, (0, 0))

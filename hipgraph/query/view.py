@@ -151,6 +151,10 @@ class ReadView:
             return fact_times(self.store, starts)
         return self._once("fact_times", build)
 
+    def has_replaced_facts(self) -> bool:
+        """Whether any fact stated in a conversation was replaced by a later one."""
+        return self._once("replaced", lambda: any(t.invalid_at is not None for t in self.fact_times().values()))
+
     def bm25(self, k1: float, b: float):
         """The BM25 index for ``(k1, b)``, loaded from the cache folder or built and saved."""
         return self._once(("bm25", k1, b), lambda: self._build_bm25(k1, b))

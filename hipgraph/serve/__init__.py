@@ -57,19 +57,18 @@ def serve(db: Path, *, host: str = "127.0.0.1", port: int = 8765, token: str | N
         hg.embedder.embed(["warm-up"])  # /health answers once the models are loaded
         app = create_app(hg, settings, on_shutdown=hg.close)
         logger.info("serving %s on http://%s:%d", db, host, port)
-        _Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+        _graceful(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                timeout_graceful_shutdown=60)).run()
     finally:
         hg.close()
 
 
-def _server_class():
+def _graceful(config):
+    """uvicorn's server, ending with exit status 0 after a graceful SIGTERM/SIGINT shutdown
+    (uvicorn re-raises the signal once it has shut down, which ends the process as killed)."""
     import uvicorn  # noqa: PLC0415
 
     class Server(uvicorn.Server):
-        """uvicorn's server, ending with exit status 0 after a graceful SIGTERM/SIGINT shutdown
-        (uvicorn re-raises the signal once it has shut down, which ends the process as killed)."""
-
         @contextlib.contextmanager
         def capture_signals(self):
             previous = {sig: signal.signal(sig, lambda s, _f: self.handle_exit(s, None))
@@ -80,8 +79,4 @@ def _server_class():
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    return Server
-
-
-def _Server(config):  # noqa: N802 - a class made on first use (uvicorn is optional)
-    return _server_class()(config)
+    return Server(config)

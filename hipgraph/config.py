@@ -60,6 +60,10 @@ class EmbedderConfig:
     precision: str = "auto"
     threads: int | None = None  # torch intra-op threads; None = all cores
     small_batch: int = 8  # calls with at most this many texts (queries) run on one CPU thread
+    # torch | onnx (ONNX Runtime, exported from the same model and checked against torch) |
+    # auto: small calls (questions) on ONNX Runtime when it is installed and its export agrees,
+    # batches on torch (faster where the CPU computes bf16 natively)
+    runtime: str = "auto"
     # openai backend
     base_url: str | None = None
     model: str | None = None
@@ -78,6 +82,8 @@ class EmbedderConfig:
                f"embedder.precision must be auto|fp32|bf16|int8, got {self.precision!r}")
         _check(self.threads is None or self.threads >= 1, "embedder.threads must be >= 1")
         _check(self.small_batch >= 0, "embedder.small_batch must be >= 0")
+        _check(self.runtime in {"auto", "torch", "onnx"},
+               f"embedder.runtime must be auto|torch|onnx, got {self.runtime!r}")
         if self.name == "openai":
             _check(bool(self.base_url), "embedder.base_url is required for the openai embedder")
             _check(bool(self.model), "embedder.model is required for the openai embedder")
@@ -540,7 +546,7 @@ SESSION_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
 EMBEDDERS_NEEDING_SESSION: dict[str, str] = {"openai": "base_url"}
 EXTRACTORS_NEEDING_SESSION: dict[str, str] = {"llm": "chat", "precomputed": "precomputed_path"}
 # embedder fields a session may set freely on reopen: they do not change the vectors
-EMBEDDER_CONNECTION_FIELDS = (*SESSION_ONLY_FIELDS["embedder"], "timeout", "max_retries")
+EMBEDDER_CONNECTION_FIELDS = (*SESSION_ONLY_FIELDS["embedder"], "timeout", "max_retries", "runtime")
 
 
 def strip_session_fields(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """What the README promises and no other test checked: worker processes (2N batches in flight,
-torch threads = cores / N), queries on one torch thread, one embedding call per retrieve_many,
+torch threads = cores / N), queries on one thread (torch or ONNX Runtime), one embedding call per retrieve_many,
 bf16 against fp32, the BM25 cache after writes and deletes, the FAISS auto layout and its
 retraining, the DuckDB memory cap, ids never reused, time_mode="filter" and fact validity for
 relations with many objects - on real DuckDB, FAISS, MiniLM, spaCy and worker processes."""
@@ -140,20 +140,31 @@ def test_workers_keep_2n_batches_in_flight_with_cores_over_n_torch_threads(tmp_p
 
 
 # ------------------------------------------------------------------ query embedding
-def test_queries_embed_on_one_torch_thread(recorded_index, recorder):
+@pytest.mark.parametrize("runtime", ["torch", "auto"])
+def test_queries_embed_on_one_thread(recorded_index, recorder, runtime):
+    """torch: a question's forward pass runs on one torch thread whatever the process's team;
+    auto (the default): on ONNX Runtime's one-thread session, and torch is not called."""
+    import dataclasses
+
     import torch
 
-    before = torch.get_num_threads()
+    before, config = torch.get_num_threads(), recorder.config
+    recorder.config = dataclasses.replace(config, runtime=runtime)
     torch.set_num_threads(2)  # a query must not use the process's torch team, whatever its size
     try:
         for mode in ("graph", "dense", "hybrid"):
             recorder.threads.clear()
             hits = recorded_index.retrieve("Where was Karl Rodgers born?", k=3, mode=mode)
             assert hits and hits[0].doc_id == "rogers", mode
-            assert recorder.threads and set(recorder.threads) == {1}, (mode, recorder.threads)
+            if runtime == "torch":
+                assert recorder.threads and set(recorder.threads) == {1}, (mode, recorder.threads)
+            else:
+                assert recorder.threads == [], (mode, recorder.threads)
+                assert set(recorder._onnx._sessions) == {1}
             assert torch.get_num_threads() == 2  # and the process's setting is left as it was
     finally:
         torch.set_num_threads(before)
+        recorder.config = config
 
 
 QUESTIONS = ["Where was Karl Rodgers born?",  # misspelt: its name is linked by embedding

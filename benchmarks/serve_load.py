@@ -13,8 +13,11 @@ missing afterwards (each session looked up with ``GET /v1/documents/{id}``). The
 kills the server halfway, starts it again and carries on (requests refused while it is down are
 counted as ``down``, not as failures; failures are requests the running server answered wrongly).
 Reference, measured in the same run on the same copy: in-process ``retrieve`` p50 (one question
-a call) and ``retrieve_many`` throughput (batches of 64). Targets: zero failures and zero lost
-writes in every run; one reader: server p50 <= in-process p50 + 5 ms; 16 readers on 2 cores:
+a call) and ``retrieve_many`` throughput (batches of 64), alone and beside an in-process writer
+adding the same sessions for ``--seconds`` (the server's runs beside its writer are also printed
+against that one, ``x same``: the server's own cost under the same writes). Targets: zero failures and zero lost
+writes in every run; one reader: server p50 <= in-process p50 + 5 ms (also measured with the
+server's and in-process calls interleaved, which cancels the machine's drift between runs); 16 readers on 2 cores:
 reads/s >= 0.8 x in-process ``retrieve_many`` throughput.
 """
 
@@ -99,6 +102,65 @@ def in_process(db: Path, questions: list[str]) -> dict:
             hg.retrieve_many(questions[start:start + 64], k=5)
         qps = len(questions) / (time.perf_counter() - t0)
     return {"p50_ms": round(statistics.median(times), 2), "retrieve_many_qps": round(qps, 1)}
+
+
+def one_client_interleaved(server_db: Path, local_db: Path, questions: list[str], rounds: int = 6) -> dict:
+    """One client against the server and in-process calls on a second copy, alternating blocks of
+    questions, so both see the same machine load: p50 of each and the median per-question delta."""
+    server = Server(server_db)
+    server.start()
+    served, local = [], []
+    try:
+        with httpx.Client(timeout=60) as c, hipgraph.open(local_db, read_only=True) as hg:
+            for q in questions[:10]:
+                c.post(f"{server.url}/v1/retrieve", json={"question": q, "k": 5})
+                hg.retrieve(q, k=5)
+            block = max(1, len(questions) // rounds)
+            for r in range(rounds):
+                chunk = questions[r * block:(r + 1) * block]
+                for q in chunk:
+                    t0 = time.perf_counter()
+                    c.post(f"{server.url}/v1/retrieve", json={"question": q, "k": 5}).raise_for_status()
+                    served.append(1000 * (time.perf_counter() - t0))
+                for q in chunk:
+                    t0 = time.perf_counter()
+                    hg.retrieve(q, k=5)
+                    local.append(1000 * (time.perf_counter() - t0))
+    finally:
+        server.stop()
+    return {"server_p50_ms": round(statistics.median(served), 2),
+            "in_process_p50_ms": round(statistics.median(local), 2),
+            "median_delta_ms": round(statistics.median(a - b for a, b in zip(served, local, strict=True)), 2)}
+
+
+def in_process_beside_writer(db: Path, questions: list[str], seconds: float) -> dict:
+    """The same load without the server: ``retrieve_many`` in batches of 64 on one thread while
+    another adds the writer's sessions (``add_conversation``) to the same handle."""
+    stop = threading.Event()
+    acked = [0]
+    with hipgraph.open(db) as hg:
+        hg.retrieve_many(questions[:8], k=5)
+        hg.add_conversation(session(1, 0)["conversation"])  # the writer's models load first
+
+        def writer() -> None:
+            n = 0
+            while not stop.is_set():
+                hg.add_conversation(session(0, n)["conversation"])
+                acked[0] += 1
+                n += 1
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        answered, start, t0 = 0, 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            batch = [questions[(start + i) % len(questions)] for i in range(64)]
+            hg.retrieve_many(batch, k=5)
+            answered += len(batch)
+            start += 64
+        wall = time.perf_counter() - t0
+        stop.set()
+        thread.join()
+    return {"retrieve_many_qps": round(answered / wall, 1), "acked_writes": acked[0], "seconds": round(wall, 1)}
 
 
 def session(writer: int, n: int) -> dict:
@@ -215,6 +277,8 @@ def main() -> int:
             return copy
 
         reference = in_process(fresh(), questions)
+        reference["beside_writer"] = in_process_beside_writer(fresh(), questions, args.seconds)
+        reference["one_client"] = one_client_interleaved(fresh(), fresh(), questions)
         for r in [int(x) for x in args.readers.split(",") if x.strip()]:
             rows.append(run(fresh(), questions, r, args.seconds, kill=False, writing=False))
             rows.append(run(fresh(), questions, r, args.seconds, kill=False))
@@ -224,13 +288,23 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
+        beside = reference["beside_writer"]
         print(f"index {args.db} (copy), {os.cpu_count()} CPUs; in-process: retrieve p50 "
-              f"{reference['p50_ms']} ms, retrieve_many {reference['retrieve_many_qps']} q/s")
-        print(f"{'readers':>7s} {'writer':>6s} {'kill-9':>6s} {'reads/s':>8s} {'x many':>7s} {'p50':>7s} {'p95':>7s} "
-              f"{'p99':>7s} {'failed':>6s} {'down':>5s} {'acked':>6s} {'lost':>5s}")
+              f"{reference['p50_ms']} ms, retrieve_many {reference['retrieve_many_qps']} q/s; "
+              f"retrieve_many beside an in-process writer {beside['retrieve_many_qps']} q/s "
+              f"({beside['acked_writes']} sessions written in {beside['seconds']} s)")
+        one = reference["one_client"]
+        print(f"one client, interleaved with in-process calls: server p50 {one['server_p50_ms']} ms, "
+              f"in-process p50 {one['in_process_p50_ms']} ms, median delta {one['median_delta_ms']} ms")
+        print("x many: reads/s over in-process retrieve_many alone; x same load: over in-process "
+              "retrieve_many under the same writes (alone, or beside the in-process writer)")
+        print(f"{'readers':>7s} {'writer':>6s} {'kill-9':>6s} {'reads/s':>8s} {'x many':>7s} {'x same':>7s} "
+              f"{'p50':>7s} {'p95':>7s} {'p99':>7s} {'failed':>6s} {'down':>5s} {'acked':>6s} {'lost':>5s}")
         for r in rows:
+            same = beside["retrieve_many_qps"] if r["writer"] else reference["retrieve_many_qps"]
             print(f"{r['readers']:7d} {str(r['writer']):>6s} {str(r['kill_9']):>6s} {r['reads_per_s']:8.1f} "
-                  f"{r['reads_per_s'] / reference['retrieve_many_qps']:7.2f} {r['p50_ms']:7.2f} "
+                  f"{r['reads_per_s'] / reference['retrieve_many_qps']:7.2f} {r['reads_per_s'] / same:7.2f} "
+                  f"{r['p50_ms']:7.2f} "
                   f"{r['p95_ms']:7.2f} {r['p99_ms']:7.2f} {r['failed']:6d} {r['refused_while_down']:5d} "
                   f"{r['acked_writes']:6d} {r['lost_writes']:5d}")
     return 0 if all(r["failed"] == 0 and r["lost_writes"] == 0 for r in rows) else 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -228,17 +229,38 @@ def memory_units(rows: Iterable[tuple[int, int, int, str, dict[str, Any]]]
     return records, times
 
 
+# the parts a write builds for the next view, when readers used them in the current one
+_WARMED_PARTS = {
+    "fingerprint": ReadView.fingerprint, "snapshot": ReadView.snapshot,
+    "passage_count": ReadView.passage_count, "names": ReadView.entity_names,
+    "units": ReadView.memory_units, "turns": ReadView.memory_turns,
+    "fact_times": ReadView.fact_times, "replaced": ReadView.has_replaced_facts,
+    "turn_bm25": ReadView.turn_bm25, "bm25": ReadView.bm25,
+}
+WARM_AFTER_READ_S = 5.0  # a write warms the next view only while reads have been coming
+
+
 class Views:
-    """The current :class:`ReadView` of one store, swapped when the generation moves on."""
+    """The current :class:`ReadView` of one store, swapped when the generation moves on.
+
+    While reads are coming (one in the last :data:`WARM_AFTER_READ_S`), a write builds the next
+    generation's view before its commit (:meth:`prepare_next`, run by the store on the writing
+    thread, inside the transaction: it reads the new rows, while readers carry on with the old
+    view) and publishes it with the commit, so readers never wait for the view after a write.
+    Without recent reads (bulk indexing), views stay lazy: built by the first read that needs them.
+    """
 
     def __init__(self, store: GraphStore, vectors: VectorSet):
         self.store = store
         self.vectors = vectors
         self._view: ReadView | None = None
         self._lock = threading.Lock()
+        self._last_read = 0.0
+        store.add_publisher(self.prepare_next)
 
     def current(self) -> ReadView:
         """The view of the store's generation now (call with ``store.lock`` held shared)."""
+        self._last_read = time.monotonic()
         generation = self.store.generation
         view = self._view
         if view is not None and view.generation == generation:
@@ -247,3 +269,25 @@ class Views:
             if self._view is None or self._view.generation != generation:
                 self._view = ReadView(self.store, self.vectors, generation)
             return self._view
+
+    def prepare_next(self) -> Callable[[], None] | None:
+        """In a write transaction, before its COMMIT: the next generation's view with the parts
+        the current one has built, and the callable that makes it current after the commit."""
+        view = self._view
+        if view is None or time.monotonic() - self._last_read > WARM_AFTER_READ_S:
+            return None
+        generation = self.store.generation  # the transaction's own
+        if generation == view.generation:
+            return None
+        nxt = ReadView(self.store, self.vectors, generation)
+        for key in list(view._parts):
+            name, args = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
+            build = _WARMED_PARTS.get(name)
+            if build is not None:
+                build(nxt, *args)
+
+        def publish() -> None:
+            with self._lock:
+                if self.store.generation == nxt.generation:
+                    self._view = nxt
+        return publish

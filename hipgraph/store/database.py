@@ -100,6 +100,7 @@ class GraphStore:
         self._closed = False
         self._tx_owner: int | None = None  # thread ident inside transaction()
         self._on_commit: list[Callable[[], None]] = []
+        self._publishers: list[Callable[[], Callable[[], None] | None]] = []
         self._generation: int | None = None
         self._commits = 0  # bumped at each commit; guards the generation cache against races
 
@@ -290,6 +291,7 @@ class GraphStore:
                 con.execute("ROLLBACK")
                 raise
             callbacks, self._on_commit = self._on_commit, []
+            published = self._prepare_publishers()
             with self.lock.exclusive():
                 try:
                     con.execute("COMMIT")
@@ -305,6 +307,28 @@ class GraphStore:
                         self._generation = None
                 for callback in callbacks:
                     callback()
+                for publish in published:
+                    publish()
+
+    def add_publisher(self, prepare: Callable[[], Callable[[], None] | None]) -> None:
+        """Run ``prepare()`` in every transaction right before its COMMIT, on the writing thread
+        (it reads the transaction's own rows, while readers go on with the committed ones); the
+        callable it returns, if any, runs right after the commit, before readers resume. A
+        ``prepare`` that raises is logged and skipped: it never fails the write."""
+        self._publishers.append(prepare)
+
+    def _prepare_publishers(self) -> list[Callable[[], None]]:
+        published = []
+        for prepare in self._publishers:
+            try:
+                publish = prepare()
+            except Exception as exc:  # noqa: BLE001 - readers then build what it would have
+                logger.warning("preparing what readers see after this commit failed (%s); "
+                               "they build it on first use", exc)
+                continue
+            if publish is not None:
+                published.append(publish)
+        return published
 
     def on_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` right after the current transaction commits, before readers resume

@@ -186,24 +186,35 @@ class MiniLMEmbedder:
         encoded = tokenizer(texts, truncation=True, max_length=self.config.max_length,
                             add_special_tokens=True)["input_ids"]
         lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
-        order = np.argsort(-lengths, kind="stable")
         out = np.empty((len(texts), self.dimension), dtype=np.float32)
-        budget = self.config.batch_tokens
-        start = 0
         with torch.inference_mode():
-            while start < len(order):
-                size = max(1, budget // max(1, int(lengths[order[start]])))
-                batch_idx = order[start:start + size]
-                start += size
+            for batch_idx in token_batches(lengths, self.config.batch_tokens):
                 batch = tokenizer.pad({"input_ids": [encoded[i] for i in batch_idx]},
                                       return_tensors="pt")
                 batch = {k: v.to(self._device) for k, v in batch.items()}
                 hidden = model(**batch).last_hidden_state.float()
-                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-                pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
-                out[batch_idx] = pooled.cpu().numpy()
+                out[batch_idx] = mean_pool(hidden, batch["attention_mask"]).cpu().numpy()
         return out
+
+
+def token_batches(lengths: np.ndarray, budget: int):
+    """Indices of the texts in batches, longest first, each under ``budget`` padded tokens
+    (at least one text a batch): little padding whatever the mix of lengths."""
+    order = np.argsort(-lengths, kind="stable")
+    start = 0
+    while start < len(order):
+        size = max(1, budget // max(1, int(lengths[order[start]])))
+        yield order[start:start + size]
+        start += size
+
+
+def mean_pool(hidden, attention_mask):
+    """Sentence vectors: the mean of the token states under the mask, L2-normalized (torch)."""
+    import torch  # noqa: PLC0415
+
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(pooled, p=2, dim=-1)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ embeddings need no lock: they do not wait behind a batch that another thread is 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from hipgraph.models.embedders import mean_pool, token_batches
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +79,20 @@ def _versions() -> dict[str, str]:
 
 
 def _weights_digest(model_path: Path) -> str:
+    """A digest of the model's files, hashed once per process (a later call checks their sizes
+    and modification times only)."""
+    stats = tuple((name, f.stat().st_size, f.stat().st_mtime_ns) for name in _MODEL_FILES
+                  if (f := model_path / name).is_file())
+    return _content_digest(model_path, stats)
+
+
+_MODEL_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json")
+
+
+@functools.lru_cache(maxsize=8)
+def _content_digest(model_path: Path, stats: tuple) -> str:
     digest = hashlib.sha256()
-    for name in ("config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json"):
+    for name, _, _ in stats:
         file = model_path / name
         if file.is_file():
             digest.update(name.encode())
@@ -133,13 +148,9 @@ class OnnxEncoder:
         encoded = self.tokenizer(list(texts), truncation=True, max_length=self.max_length,
                                  add_special_tokens=True)["input_ids"]
         lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
-        order = np.argsort(-lengths, kind="stable")
         out = np.empty((len(encoded), self.dimension), dtype=np.float32)
-        start = 0
-        while start < len(order):
-            width = max(1, int(lengths[order[start]]))
-            batch_idx = order[start:start + max(1, batch_tokens // width)]
-            start += len(batch_idx)
+        for batch_idx in token_batches(lengths, batch_tokens):
+            width = max(1, int(lengths[batch_idx[0]]))
             ids = np.zeros((len(batch_idx), width), dtype=np.int64)
             mask = np.zeros_like(ids)
             for row, i in enumerate(batch_idx):
@@ -182,11 +193,8 @@ def _pooled(model):
             self.inner = inner
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            hidden = self.inner(input_ids=input_ids, attention_mask=attention_mask,
-                                token_type_ids=token_type_ids).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(pooled, p=2, dim=-1)
+            return mean_pool(self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                                        token_type_ids=token_type_ids).last_hidden_state, attention_mask)
 
     return Pooled(model).eval()
 

@@ -2,8 +2,10 @@
 
 On open each file is checked against DuckDB's vector ids (count and exact id set) and spot-checked
 against DuckDB's vectors (:data:`SPOT_CHECKS` ids spread over the id range, read back from FAISS,
-and a search of them); a missing, unreadable, stale or damaged file is rebuilt from DuckDB and
-rewritten. Updates after a commit are applied
+and a search of them). A file from an older state (saved before the last commits: a crash
+between a commit and the save) is brought up to date from DuckDB when its layout allows (the ids
+gone removed, the new vectors added); a missing, unreadable or damaged file, or a stale one that
+cannot be topped up, is rebuilt from DuckDB and rewritten. Updates after a commit are applied
 in memory and saved atomically.
 """
 
@@ -67,16 +69,25 @@ class VectorSet:
             except StoreError as exc:
                 reason = f"unreadable ({exc})"
             else:
+                trained_on = self.store.meta_get(trained_on_key(kind))
+                if index.layout == "ivf" and trained_on:
+                    index.trained_on = int(trained_on)
+                stale = None
                 if index.ntotal != len(db_ids):
-                    reason = f"stale ({index.ntotal} vectors in FAISS, {len(db_ids)} in DuckDB)"
+                    stale = f"stale ({index.ntotal} vectors in FAISS, {len(db_ids)} in DuckDB)"
                 elif not np.array_equal(index.ids(), db_ids):
-                    reason = "stale (id sets differ)"
-                elif problem := self._spot_check(kind, index, db_ids):
+                    stale = "stale (id sets differ)"
+                if stale is not None and not self.store.read_only and (done := self._top_up(kind, index, db_ids)):
+                    stale += f"; {done}"  # still spot-checked below, and rebuilt if damaged
+                elif stale is not None:
+                    reason = stale
+                if reason is None and (problem := self._spot_check(kind, index, db_ids)):
                     reason = f"damaged ({problem})"
-                else:
-                    trained_on = self.store.meta_get(trained_on_key(kind))
-                    if index.layout == "ivf" and trained_on:
-                        index.trained_on = int(trained_on)
+                if reason is None:
+                    if stale is not None:
+                        logger.warning("%s FAISS index %s was %s", kind, path, stale)
+                        self.repaired.append(f"{kind}: {stale}")
+                        self._save(kind, index)
                     return index
         if len(db_ids) == 0 and reason == "missing":
             index = FaissVectorIndex(self.dimension, self.config)
@@ -87,6 +98,22 @@ class VectorSet:
         if not self.store.read_only:
             self._save(kind, index)
         return index
+
+    def _top_up(self, kind: str, index: FaissVectorIndex, db_ids: np.ndarray, rows: int = 65536) -> str | None:
+        """Bring a file saved before the last commits up to DuckDB's ids, when its layout allows:
+        remove the ids DuckDB no longer holds and add the vectors it gained (ids are never reused
+        and a stored vector never changes, so these are the only differences a file from an
+        older state can have). Returns what it did, or None where a rebuild is needed instead."""
+        held = index.ids()
+        gone = np.setdiff1d(held, db_ids, assume_unique=True)
+        new = np.setdiff1d(db_ids, held, assume_unique=True)
+        if (len(gone) and not index.supports_remove) or index.needs_relayout(len(db_ids)):
+            return None
+        index.remove(gone)
+        for start in range(0, len(new), rows):
+            ids, vectors = self.store.read_vectors(kind, new[start:start + rows])
+            index.add(ids, vectors)
+        return f"brought up to date from DuckDB (+{len(new)}, -{len(gone)})"
 
     def _spot_check(self, kind: str, index: FaissVectorIndex, db_ids: np.ndarray) -> str | None:
         """:meth:`FaissVectorIndex.spot_check` on up to :data:`SPOT_CHECKS` ids evenly spread

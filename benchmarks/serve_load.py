@@ -1,13 +1,16 @@
 """Load on ``hipgraph serve``: R concurrent readers alone and beside one writer, then with ``kill -9``.
 
     python benchmarks/serve_load.py --db indexes/musique \\
-        --bundle ../shared/data/multihop/musique_train100.json [--readers 1,4,16] [--seconds 60]
+        --bundle ../shared/data/multihop/musique_train100.json [--readers 1,4,16] [--seconds 60] \\
+        [--write-every SECONDS]
 
 Every run starts from a fresh copy of the index (the writer adds to it, and conversation memory
 makes retrieval take the memory path). For each R, a server is started on a free
 loopback port (once with readers only, once beside the writer); R threads call ``POST /v1/retrieve`` (graph mode, k=5, the bundle's questions in
 turn) and one thread adds conversation sessions (``POST /v1/conversations``, one 4-turn session
-each) for ``--seconds``. Printed per run: reads/s, p50/p95/p99 of the reads, failed requests
+each) for ``--seconds``: as fast as it is answered, or with ``--write-every`` one session every
+that many seconds (both writers, the server's and the in-process reference's, keep the same pace,
+so that "same load" means the same writes). Printed per run: reads/s, p50/p95/p99 of the reads, failed requests
 (any status but 200, or a transport error), acknowledged writes, and the acknowledged writes
 missing afterwards (each session looked up with ``GET /v1/documents/{id}``). The ``kill -9`` run
 kills the server halfway, starts it again and carries on (requests refused while it is down are
@@ -35,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -133,9 +137,21 @@ def one_client_interleaved(server_db: Path, local_db: Path, questions: list[str]
             "median_delta_ms": round(statistics.median(a - b for a, b in zip(served, local, strict=True)), 2)}
 
 
-def in_process_beside_writer(db: Path, questions: list[str], seconds: float) -> dict:
+def paced(every: float, stop: threading.Event) -> Iterator[int]:
+    """Session numbers 0, 1, ...: at once one after another (``every`` 0), or the n-th no earlier
+    than ``n * every`` seconds after the start (a writer that falls behind catches up at once)."""
+    t0, n = time.perf_counter(), 0
+    while not stop.is_set():
+        if every > 0 and stop.wait(max(0.0, t0 + n * every - time.perf_counter())):
+            return
+        yield n
+        n += 1
+
+
+def in_process_beside_writer(db: Path, questions: list[str], seconds: float, every: float = 0.0) -> dict:
     """The same load without the server: ``retrieve_many`` in batches of 64 on one thread while
-    another adds the writer's sessions (``add_conversation``) to the same handle."""
+    another adds the writer's sessions (``add_conversation``, paced as the server's writer) to the
+    same handle."""
     stop = threading.Event()
     acked = [0]
     with hipgraph.open(db) as hg:
@@ -143,11 +159,9 @@ def in_process_beside_writer(db: Path, questions: list[str], seconds: float) -> 
         hg.add_conversation(session(1, 0)["conversation"])  # the writer's models load first
 
         def writer() -> None:
-            n = 0
-            while not stop.is_set():
+            for n in paced(every, stop):
                 hg.add_conversation(session(0, n)["conversation"])
                 acked[0] += 1
-                n += 1
 
         thread = threading.Thread(target=writer)
         thread.start()
@@ -173,7 +187,7 @@ def session(writer: int, n: int) -> dict:
 
 
 def run(db: Path, questions: list[str], readers: int, seconds: float, kill: bool,
-        writing: bool = True) -> dict:
+        writing: bool = True, every: float = 0.0) -> dict:
     server = Server(db)
     server.start()
     lat: list[float] = []
@@ -208,8 +222,7 @@ def run(db: Path, questions: list[str], readers: int, seconds: float, kill: bool
 
     def writer() -> None:
         with httpx.Client(timeout=300) as c:
-            n = 0
-            while not stop.is_set():
+            for n in paced(every, stop):
                 try:
                     r = c.post(f"{server.url}/v1/conversations", json=session(0, n))
                 except httpx.TransportError:
@@ -225,7 +238,6 @@ def run(db: Path, questions: list[str], readers: int, seconds: float, kill: bool
                         time.sleep(float(r.headers.get("retry-after", "1")))
                     else:
                         counts["write_failed"] += 1
-                n += 1
 
     threads = [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
     if writing:
@@ -263,6 +275,9 @@ def main() -> int:
     parser.add_argument("--bundle", required=True, type=Path)
     parser.add_argument("--readers", default="1,4,16")
     parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--write-every", type=float, default=0.0, metavar="SECONDS",
+                        help="pace both writers (server and in-process): a session every SECONDS "
+                             "(default 0: each as soon as the last was answered)")
     parser.add_argument("--no-kill", action="store_true", help="skip the kill -9 run")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -277,14 +292,15 @@ def main() -> int:
             return copy
 
         reference = in_process(fresh(), questions)
-        reference["beside_writer"] = in_process_beside_writer(fresh(), questions, args.seconds)
+        reference["beside_writer"] = in_process_beside_writer(fresh(), questions, args.seconds, args.write_every)
         reference["one_client"] = one_client_interleaved(fresh(), fresh(), questions)
         for r in [int(x) for x in args.readers.split(",") if x.strip()]:
             rows.append(run(fresh(), questions, r, args.seconds, kill=False, writing=False))
-            rows.append(run(fresh(), questions, r, args.seconds, kill=False))
+            rows.append(run(fresh(), questions, r, args.seconds, kill=False, every=args.write_every))
         if not args.no_kill:
-            rows.append(run(fresh(), questions, max(int(x) for x in args.readers.split(",")), args.seconds, kill=True))
-    out = {"db": str(args.db), "cpus": os.cpu_count(), "in_process": reference, "runs": rows}
+            rows.append(run(fresh(), questions, max(int(x) for x in args.readers.split(",")), args.seconds, kill=True,
+                            every=args.write_every))
+    out = {"db": str(args.db), "cpus": os.cpu_count(), "write_every_s": args.write_every, "in_process": reference, "runs": rows}
     if args.json:
         print(json.dumps(out, indent=2))
     else:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from hipgraph import registry
 from hipgraph.config import (
-    EMBEDDER_CONNECTION_FIELDS,
     EMBEDDERS_NEEDING_SESSION,
     EXTRACTORS_NEEDING_SESSION,
     ChatConfig,
@@ -31,6 +30,7 @@ from hipgraph.indexers.pipeline import Indexer, Progress, release_freed_memory
 from hipgraph.models.base import Embedder
 from hipgraph.models.chat import ChatClient
 from hipgraph.query.engine import MODES, Retriever
+from hipgraph.reopen import check_same_embedder, extractor_message, remote_embedder_message
 from hipgraph.store import reads
 from hipgraph.store.database import GraphStore
 from hipgraph.store.llm_cache import DuckDBResponseCache
@@ -81,48 +81,6 @@ def open(  # noqa: A001 - the package's entry point, used as hipgraph.open(...)
     """
     return HipGraph(Path(path), create=create, read_only=read_only, config=config,
                     extractor=extractor, embedder=embedder, retrieval=retrieval)
-
-
-def _check_same_embedder(path: Path, built: str, saved: dict[str, Any], session: EmbedderConfig,
-                         dimension: int) -> EmbedderConfig:
-    """``session`` (which says where to connect) if it makes the vectors the index holds: the
-    saved backend and model settings, and for a remote embedder vectors of the index's
-    ``dimension`` (given to it when unset, so replies of another width are refused)."""
-    remote = session.name in EMBEDDERS_NEEDING_SESSION
-    if remote and session.dimension is None:
-        session = replace(session, dimension=dimension)
-    ignored = (*EMBEDDER_CONNECTION_FIELDS, "dimension") if remote else EMBEDDER_CONNECTION_FIELDS
-    given = {k: v for k, v in dataclasses.asdict(session).items() if k not in ignored}
-    recorded = {**dataclasses.asdict(EmbedderConfig()), **saved}  # defaults for absent keys
-    recorded = {k: v for k, v in recorded.items() if k not in ignored}
-    differ = sorted(k for k in given if given[k] != recorded.get(k))
-    widths = {session.dimension, dimension} | ({saved["dimension"]} if saved.get("dimension") else set())
-    if remote and len(widths) > 1:
-        differ.append("dimension")
-    if differ:
-        raise ConfigError(
-            f"index {path} was built with embedder {built!r} ({saved}, {dimension}-d vectors); "
-            "a different embedder config cannot be used with it "
-            f"(differs in {', '.join(sorted(differ))})")
-    return session
-
-
-def _remote_embedder_message(path: Path, built: str, saved: dict[str, Any]) -> str:
-    model = saved.get("model") or "MODEL"
-    return (f"index {path} was built with the remote embedder {built!r}; an index folder never "
-            "says where to send text or which API key to send: pass hipgraph.open(path, "
-            f"embedder=EmbedderConfig(name='openai', model={model!r}, base_url=URL, "
-            "api_key_env=VAR)) (CLI: --embedder openai --embed-base-url URL "
-            f"--embed-model {model} [--embed-api-key-env VAR]) to reopen it")
-
-
-def _extractor_message(path: Path, name: str) -> str:
-    how = ("extractor=ExtractorConfig(name='llm', chat=ChatConfig(base_url=URL, model=MODEL)) "
-           "(CLI: --extractor llm --llm-base-url URL --llm-model MODEL)" if name == "llm" else
-           "extractor=ExtractorConfig(name='precomputed', precomputed_path=FILE) "
-           "(CLI: --extractor precomputed:FILE)")
-    return (f"index {path} was built with the {name} extractor, whose endpoint or file an index "
-            f"folder never supplies: pass {how}, or another extractor, to add documents")
 
 
 class HipGraph:
@@ -179,19 +137,19 @@ class HipGraph:
         instance = None if isinstance(embedder, EmbedderConfig) else embedder
         saved_embedder = dict(saved_data.get("embedder") or {})
         if session_embedder is not None:
-            session_embedder = _check_same_embedder(path, built, saved_embedder, session_embedder,
+            session_embedder = check_same_embedder(path, built, saved_embedder, session_embedder,
                                                     int(self.store.meta_get("dimension")))
             saved_data["embedder"] = dataclasses.asdict(session_embedder)
         elif saved_embedder.get("name") in EMBEDDERS_NEEDING_SESSION:
             instance_config = getattr(instance, "config", None)
             if not isinstance(instance_config, EmbedderConfig):
-                raise SessionConfigError(_remote_embedder_message(path, built, saved_embedder))
-            saved_data["embedder"] = dataclasses.asdict(_check_same_embedder(
+                raise SessionConfigError(remote_embedder_message(path, built, saved_embedder))
+            saved_data["embedder"] = dataclasses.asdict(check_same_embedder(
                 path, built, saved_embedder, instance_config, int(self.store.meta_get("dimension"))))
         saved_extractor = dict(saved_data.get("extractor") or {})
         needs = EXTRACTORS_NEEDING_SESSION.get(saved_extractor.get("name", ""))
         if needs is not None:  # the session's extractor, if any, replaces it below
-            self._extractor_missing = _extractor_message(path, saved_extractor["name"])
+            self._extractor_missing = extractor_message(path, saved_extractor["name"])
             saved_data["extractor"] = {**saved_extractor, "name": "spacy"}
         saved = IndexConfig.from_dict(saved_data)
         for part in _GRAPH_DEFINING:  # these shape the stored graph: changing them mid-index
@@ -351,6 +309,23 @@ class HipGraph:
         if isinstance(ids, str):
             raise ConfigError("delete_documents takes a list of ids, not one string")
         return self.indexer.delete_documents(list(ids))
+
+    def save_vectors_every(self, seconds: float) -> None:
+        """Write the FAISS files at most every ``seconds`` at the end of write calls (0, the
+        default: after every call), and at :meth:`flush` and :meth:`close`: for many small writes
+        (a server). DuckDB still commits each write; after a crash the next open brings older
+        FAISS files up to date from DuckDB, so a deferred save loses nothing."""
+        if not seconds >= 0:
+            raise ConfigError(f"seconds must be >= 0, got {seconds!r}")
+        self.vectors.save_every = float(seconds)
+
+    def flush(self) -> None:
+        """Write the FAISS files changed since their last save (waits for a write in flight)."""
+        vectors = getattr(self, "vectors", None)
+        if self.store is None or self.store.read_only or self.store.closed or not (vectors and vectors.dirty):
+            return
+        with self.store.writing():
+            self.vectors.save()
 
     # ------------------------------------------------------------------ reading
     def stats(self) -> dict[str, Any]:
@@ -577,6 +552,10 @@ class HipGraph:
         self._chat_clients.clear()
         if self._retriever is not None:
             self._retriever.close()
+        try:
+            self.flush()
+        except Exception as exc:  # noqa: BLE001 - the next open brings them up to date
+            logger.warning("FAISS files not saved on close (%s); the next open updates them from DuckDB", exc)
         if self.store is not None:
             self.store.close()
         # a closed index holds no vectors or graph in memory, even while the object lives on

@@ -10,8 +10,10 @@ import logging
 import numpy as np
 from conftest import MULTIHOP_QUESTION
 
+from hipgraph.query import snapshot as snapshot_module
 from hipgraph.query import view as view_module
 from hipgraph.query.view import ReadView
+from hipgraph.store import reads
 
 NEW_DOC = {"id": "zorblax", "title": "Zorblax Institute",
            "text": "The Zorblax Institute was founded by Mira Quell in 1931 in Tallinn."}
@@ -50,7 +52,9 @@ def test_a_write_during_reads_publishes_the_next_view_built(inline_index):
     fresh = lazily_built(hg, nxt.generation)
     for name in ARRAYS:  # built inside the transaction = built from the committed rows
         assert np.array_equal(getattr(nxt.snapshot(), name), getattr(fresh.snapshot(), name)), name
-    assert nxt.entity_names().by_id == fresh.entity_names().by_id
+    for table in ("by_id", "by_name", "label_by_id"):
+        assert getattr(nxt.entity_names(), table) == getattr(fresh.entity_names(), table), table
+    assert not nxt.persist and "fingerprint" not in nxt._parts  # built in memory, not stamped
     assert nxt.snapshot().passage_ids.size == old.snapshot().passage_ids.size + 1
 
     hits = hg.retrieve(NEW_QUESTION, k=1)
@@ -105,8 +109,30 @@ def test_memory_parts_are_warmed_too(make_index):
     assert {"units", "turns", "fact_times"} <= set(nxt._parts)
     units, _ = nxt.memory_units()
     assert len(units) == len(lazily_units(hg, nxt.generation))
+    with hg.store.lock.shared():
+        assert nxt.fact_times() == ReadView(hg.store, hg.vectors, nxt.generation).fact_times()
+    assert nxt.fact_times()  # the sessions' facts have times
     hits = hg.retrieve("What did Ana plant by the fence?", k=1)
     assert "tomatoes" in hits[0].text
+
+
+def test_closing_saves_the_snapshot_a_write_built_in_memory(inline_index, tmp_path):
+    hg = inline_index
+    hg.add_documents([WARM_UP])
+    assert hg.retrieve(MULTIHOP_QUESTION, k=3)
+    hg.add_documents([NEW_DOC])
+    nxt = hg.retriever.views._view
+    folder = snapshot_module.cache_dir(hg.path)
+    with hg.store.lock.shared():
+        fingerprint = reads.content_fingerprint(hg.store)
+    assert not nxt.persist
+    assert snapshot_module.load_snapshot(folder, nxt.generation, fingerprint) is None  # not on disk yet
+    built = nxt.snapshot()
+    hg.close()
+    saved = snapshot_module.load_snapshot(folder, nxt.generation, fingerprint)
+    assert saved is not None  # the next open loads it instead of rebuilding it
+    for name in ARRAYS:
+        assert np.array_equal(getattr(saved, name), getattr(built, name)), name
 
 
 def lazily_units(hg, generation: int):

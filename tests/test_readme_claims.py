@@ -27,6 +27,7 @@ from hipgraph.config import (
 )
 from hipgraph.indexers.executors import create_executor
 from hipgraph.models.embedders import MiniLMEmbedder
+from hipgraph.query import view as view_module
 
 
 class RecordingEmbedder(MiniLMEmbedder):
@@ -199,9 +200,11 @@ def test_bf16_embeddings_match_fp32(embedder, sample_docs):
 
 
 # ------------------------------------------------------------------ BM25 cache
-def test_bm25_cache_is_rebuilt_after_adds_and_deletes(inline_index):
+def test_bm25_cache_is_rebuilt_after_adds_and_deletes(inline_index, monkeypatch):
     hg = inline_index
     cache = hg.path / "cache" / "bm25"
+    # writes long after the last read: readers build (and cache) each generation's index
+    monkeypatch.setattr(view_module, "WARM_AFTER_READ_S", -1.0)
 
     def ranked(question: str) -> list[str]:
         return [h.doc_id for h in hg.retrieve(question, k=3, mode="bm25")]
@@ -219,6 +222,14 @@ def test_bm25_cache_is_rebuilt_after_adds_and_deletes(inline_index):
     hg.delete_documents(["glass", "publix"])
     assert ranked("Quellmoor glassblowing") == [] and ranked("Lakeland") == []
     assert stamps() == [f"g{hg.store.generation}"]
+    # a write while reads are coming builds the next index in memory; closing writes it
+    monkeypatch.setattr(view_module, "WARM_AFTER_READ_S", 5.0)
+    hg.add_documents([new])
+    assert stamps() == [f"g{hg.store.generation - 1}"]
+    assert ranked("Quellmoor glassblowing") == ["glass"]
+    generation = hg.store.generation
+    hg.close()
+    assert stamps() == [f"g{generation}"]
 
 
 # ------------------------------------------------------------------ FAISS layout

@@ -285,6 +285,49 @@ def test_faiss_file_from_an_older_state_is_rebuilt(small_index, embedder, inline
     assert dump_index(small_index) == after
 
 
+DEFERRED_WRITER = textwrap.dedent("""
+    import os, sys
+    import hipgraph
+    with_docs = [{"id": "late", "title": "Late", "text": "The Quillmere Bridge was built by Ona Vasko in 1902."}]
+    hg = hipgraph.open(sys.argv[1])
+    hg.save_vectors_every(3600)
+    hg.add_documents(with_docs)
+    os._exit(0)  # dies after the commit, before any FAISS save (as a kill -9 would)
+""")
+
+
+def test_deferred_vector_saves_are_written_at_flush_and_close(small_index, embedder, inline_docs):
+    before = faiss_on_disk(small_index)["passage"]["ntotal"]
+    with hipgraph.open(small_index, embedder=embedder) as hg:
+        hg.save_vectors_every(3600)
+        hg.add_documents(inline_docs[8:9])
+        assert hg.vectors.dirty and faiss_on_disk(small_index)["passage"]["ntotal"] == before
+        hg.flush()
+        assert not hg.vectors.dirty
+        after_flush = faiss_on_disk(small_index)["passage"]["ntotal"]
+        assert after_flush > before
+        hg.add_documents(inline_docs[9:10])
+        assert faiss_on_disk(small_index)["passage"]["ntotal"] == after_flush
+        expected = {kind: dump_index(hg)["vectors"][kind] for kind in VECTOR_KINDS}
+    assert {k: v["ntotal"] for k, v in faiss_on_disk(small_index).items()} == expected  # close saved
+    with hipgraph.open(small_index, embedder=embedder) as hg:
+        assert hg.vectors.repaired == []
+
+
+def test_a_crash_before_a_deferred_save_loses_nothing(small_index, embedder):
+    before = faiss_on_disk(small_index)["passage"]["ntotal"]
+    proc = subprocess.run([sys.executable, "-c", DEFERRED_WRITER, str(small_index)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert faiss_on_disk(small_index)["passage"]["ntotal"] == before  # the file is from before
+    with hipgraph.open(small_index, embedder=embedder) as hg:
+        assert any(r.startswith("passage: stale") and "brought up to date" in r for r in hg.vectors.repaired), \
+            hg.vectors.repaired
+        check_consistency(hg)
+        hit = hg.retrieve("Who built the Quillmere Bridge?", k=1, mode="dense")[0]
+        assert hit.doc_id == "late"
+
+
 def test_faiss_file_with_same_count_but_other_ids_is_rebuilt(small_index, embedder, inline_docs):
     old = (small_index / "passage.faiss").read_bytes()
     changed = dict(inline_docs[0], text=inline_docs[0]["text"] + " Its editor is Jennifer Callahan.")

@@ -164,7 +164,7 @@ class Indexer:
             if failed:
                 self._save_vectors_after_failure()
             else:
-                self.vectors.save()
+                self.vectors.checkpoint()
         return report
 
     def _save_vectors_after_failure(self) -> None:
@@ -228,7 +228,7 @@ class Indexer:
             t1 = time.perf_counter()
         report.deleted = len(found)
         report.seconds["graph"] = t1 - t0
-        self.vectors.save()
+        self.vectors.checkpoint()
         report.seconds["write"] = time.perf_counter() - t1  # commit, FAISS update and save
         return report
 
@@ -237,7 +237,7 @@ class Indexer:
         transaction, their provenance naming ``extractor``; returns the ids they got."""
         with self.store.writing():
             report = persist_facts(self.store, self.vectors, self.embedder, facts, extractor=extractor)
-            self.vectors.save()
+            self.vectors.checkpoint()
         return report
 
     # ------------------------------------------------------------------ one batch

@@ -23,6 +23,7 @@ import logging
 import os
 import tempfile
 import threading
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,7 +217,11 @@ def _export(model_path: Path, tokenizer, precision: str, max_length: int, dimens
                   for name in INPUTS}
         axes = {name: {0: "batch", 1: "tokens"} for name in INPUTS} | {"embedding": {0: "batch"}}
         logger.info("exporting %s to ONNX (%s), once", model_path.name, precision)
-        with torch.inference_mode():
+        # the tracer's warnings (tensor-to-bool conversions, opset notes) concern tracing in
+        # general; the probe check below is what says whether this export is usable
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+            warnings.filterwarnings("ignore", module=r"torch\.onnx")
             torch.onnx.export(model, (), str(fp32), kwargs=kwargs, input_names=list(INPUTS),
                               output_names=["embedding"], dynamic_axes=axes, opset_version=17,
                               dynamo=False)

@@ -284,6 +284,11 @@ class Retriever:
 
     def close(self) -> None:
         self._filter = None  # its client belongs to whoever made it (the HipGraph)
+        try:
+            with self.store.lock.shared():
+                self.views.save_caches()
+        except Exception as exc:  # noqa: BLE001 - a cache not written is rebuilt on the next open
+            logger.warning("graph snapshot cache not written on close (%s)", exc)
 
     # ------------------------------------------------------------------ entry points
     def retrieve_many(self, questions: Sequence[str], k: int, mode: str,

@@ -109,10 +109,10 @@ class EntityNames:
 
     def __init__(self, store: GraphStore, generation: int | None = None):
         self.generation = store.generation if generation is None else generation
-        rows = reads.entity_rows(store)
-        self.by_name = {name: eid for eid, name, _ in rows}
-        self.by_id = {eid: name for eid, name, _ in rows}
-        self.label_by_id = {eid: label or "" for eid, _, label in rows}
+        ids, names, labels = reads.entity_columns(store)
+        self.by_name = dict(zip(names, ids, strict=True))  # a repeated name: the later id wins
+        self.by_id = dict(zip(ids, names, strict=True))
+        self.label_by_id = dict(zip(ids, labels, strict=True))
 
     def exact(self, span: str) -> int | None:
         return self.by_name.get(normalize_entity(span))

@@ -71,7 +71,7 @@ def fact_times(store: GraphStore, unit_start: Mapping[int, datetime]) -> dict[in
     the unit's start time); other facts are always valid."""
     if not unit_start:
         return {}
-    rows = reads.triple_sources(store)
+    rows = reads.triple_sources(store, unit_start)
     first: dict[int, datetime] = {}
     keys: dict[int, tuple[int, str, int, str]] = {}
     for fid, subj, rel, obj, label, pid in rows:

@@ -17,12 +17,19 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
 from hipgraph.query.linking import EntityNames
-from hipgraph.query.snapshot import GraphSnapshot, current_snapshot
+from hipgraph.query.snapshot import (
+    GraphSnapshot,
+    build_snapshot,
+    cache_dir,
+    current_snapshot,
+    save_snapshot,
+)
 from hipgraph.query.turns import MemoryTurns
 from hipgraph.query.validity import FactTime, fact_times
 from hipgraph.store import reads
@@ -39,10 +46,11 @@ UnitTimes = dict[int, tuple[datetime, datetime]]
 class ReadView:
     """One generation's query-time state (see module docstring)."""
 
-    def __init__(self, store: GraphStore, vectors: VectorSet, generation: int):
+    def __init__(self, store: GraphStore, vectors: VectorSet, generation: int, *, persist: bool = True):
         self.store = store
         self.vectors = vectors
         self.generation = generation
+        self.persist = persist  # False: the disk caches (snapshot, BM25) are neither read nor written
         self._parts: dict[Any, Any] = {}
         self._locks: dict[Any, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -67,7 +75,10 @@ class ReadView:
         return self._once("fingerprint", lambda: reads.content_fingerprint(self.store))
 
     def snapshot(self) -> GraphSnapshot:
-        """The graph as CSR arrays over one node order (cached on disk per generation)."""
+        """The graph as CSR arrays over one node order (cached on disk per generation, unless the
+        view does not persist: see :meth:`Views.save_caches`)."""
+        if not self.persist:
+            return self._once("snapshot", lambda: build_snapshot(self.store))
         return self._once("snapshot", lambda: current_snapshot(
             self.store, None, self.generation, self.fingerprint()))
 
@@ -162,32 +173,43 @@ class ReadView:
 
     def _build_bm25(self, k1: float, b: float):
         """The cached folder when its stamp matches this database's fingerprint and its ids are
-        the stored passage ids, else a fresh index (saved when the folder is writable)."""
+        the stored passage ids, else a fresh index (saved when the folder is writable; a view
+        that does not persist builds it in memory)."""
         from hipgraph.query.bm25 import BM25Config, BM25Index  # noqa: PLC0415 - optional mode
 
         cfg = BM25Config(k1=k1, b=b)
-        root = self.store.root / "cache" / "bm25"
-        folder = root / f"g{self.generation}-k{cfg.k1:g}-b{cfg.b:g}"
-        source = {"generation": self.generation, "fingerprint": self.fingerprint()}
+        if not self.persist:
+            return BM25Index.build(*reads.passage_texts_for_bm25(self.store), cfg)
+        folder = self._bm25_folder(cfg)
         if folder.exists():
             try:
-                index = BM25Index.load(folder, cfg, source=source)
+                index = BM25Index.load(folder, cfg, source=self._bm25_source())
                 if not np.array_equal(index.ids, reads.passage_ids(self.store)):
                     raise ValueError("its passage ids are not the stored ones")
                 return index
             except Exception as exc:  # noqa: BLE001 - a broken cache is rebuilt, never fatal
                 logger.warning("bm25 cache %s unusable (%s); rebuilding", folder, exc)
-        ids, texts = reads.passage_texts_for_bm25(self.store)
-        index = BM25Index.build(ids, texts, cfg)
+        index = BM25Index.build(*reads.passage_texts_for_bm25(self.store), cfg)
+        self.save_bm25(index)
+        return index
+
+    def _bm25_folder(self, cfg) -> Path:
+        return self.store.root / "cache" / "bm25" / f"g{self.generation}-k{cfg.k1:g}-b{cfg.b:g}"
+
+    def _bm25_source(self) -> dict[str, Any]:
+        return {"generation": self.generation, "fingerprint": self.fingerprint()}
+
+    def save_bm25(self, index) -> None:
+        """Write ``index`` (built for this view) to the cache folder, removing other generations'."""
+        folder = self._bm25_folder(index.config)
         try:
-            if root.exists():
-                for old in root.iterdir():
+            if folder.parent.exists():
+                for old in folder.parent.iterdir():
                     if not old.name.startswith(f"g{self.generation}-"):
                         shutil.rmtree(old, ignore_errors=True)
-            index.save(folder, source=source)
+            index.save(folder, source=self._bm25_source())
         except OSError as exc:
             logger.warning("cannot write bm25 cache %s (%s); keeping it in memory", folder, exc)
-        return index
 
     # ------------------------------------------------------------------ rows
     def passage_rows(self, passage_ids: Iterable[int]) -> dict[int, tuple[str, str, str]]:
@@ -229,9 +251,10 @@ def memory_units(rows: Iterable[tuple[int, int, int, str, dict[str, Any]]]
     return records, times
 
 
-# the parts a write builds for the next view, when readers used them in the current one
+# the parts a write builds for the next view, when readers used them in the current one (not the
+# fingerprint: it stamps the disk caches, which a view built by a write does not use)
 _WARMED_PARTS = {
-    "fingerprint": ReadView.fingerprint, "snapshot": ReadView.snapshot,
+    "snapshot": ReadView.snapshot,
     "passage_count": ReadView.passage_count, "names": ReadView.entity_names,
     "units": ReadView.memory_units, "turns": ReadView.memory_turns,
     "fact_times": ReadView.fact_times, "replaced": ReadView.has_replaced_facts,
@@ -279,7 +302,9 @@ class Views:
         generation = self.store.generation  # the transaction's own
         if generation == view.generation:
             return None
-        nxt = ReadView(self.store, self.vectors, generation)
+        # in memory only: writing the snapshot files for every write would cost the writer a
+        # save per commit; save_caches writes the last one when the index closes
+        nxt = ReadView(self.store, self.vectors, generation, persist=False)
         for key in list(view._parts):
             name, args = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
             build = _WARMED_PARTS.get(name)
@@ -291,3 +316,20 @@ class Views:
                 if self.store.generation == nxt.generation:
                     self._view = nxt
         return publish
+
+    def save_caches(self) -> None:
+        """Write the current view's graph snapshot and BM25 indexes to the disk caches when the
+        view was built in memory by a write (:meth:`prepare_next`), so the next open loads them
+        instead of rebuilding them (call with ``store.lock`` held shared)."""
+        view = self._view
+        if view is None or view.persist or self.store.read_only or view.generation != self.store.generation:
+            return
+        if "snapshot" in view._parts:
+            folder = cache_dir(self.store.root)
+            try:
+                save_snapshot(view.snapshot(), folder, view.fingerprint())
+            except OSError as exc:
+                logger.warning("cannot write graph cache %s (%s)", folder, exc)
+        for key, part in list(view._parts.items()):
+            if isinstance(key, tuple) and key[0] == "bm25":
+                view.save_bm25(part)

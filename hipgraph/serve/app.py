@@ -49,6 +49,7 @@ class ServeConfig:
     write_queue: int = 64
     read_batch: int = 64  # questions answered by one retrieve_many call at most
     read_workers: int = 2  # threads running those calls (2: one batch forms while one runs)
+    vector_save_s: float = 5.0  # FAISS files saved at most this often during writes (0: each write)
     generator: GeneratorConfig = GeneratorConfig()
     mcp: bool = True  # the MCP tools over streamable HTTP at /mcp (when the SDK is installed)
 
@@ -57,6 +58,8 @@ class ServeConfig:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.write_queue < 1:
             raise ConfigError(f"write_queue must be >= 1, got {self.write_queue}")
+        if not self.vector_save_s >= 0:
+            raise ConfigError(f"vector_save_s must be >= 0, got {self.vector_save_s}")
         if self.read_batch < 1 or self.read_workers < 1:
             raise ConfigError(f"read_batch and read_workers must be >= 1, got {self.read_batch}, "
                               f"{self.read_workers}")
@@ -188,7 +191,10 @@ def create_app(hg: Any, config: ServeConfig = ServeConfig(),
                on_shutdown: Callable[[], None] | None = None) -> FastAPI:
     """The API over the open index ``hg`` (see module docstring); ``on_shutdown`` runs after the
     write queue has drained (the CLI closes the index there)."""
-    writer = WriteQueue(config.write_queue)
+    # FAISS files are saved at most every vector_save_s during writes and after a second
+    # without one (each save syncs three files); DuckDB commits every write before its answer
+    hg.save_vectors_every(config.vector_save_s)
+    writer = WriteQueue(config.write_queue, on_idle=hg.flush)
     reads = ReadBatcher(hg.retrieve_many, max_questions=config.read_batch,
                         workers=config.read_workers)
 

@@ -29,10 +29,13 @@ class QueueFull(Exception):
 class WriteQueue:
     """One writer thread behind a queue of at most ``capacity`` pending calls."""
 
-    def __init__(self, capacity: int = 64):
+    def __init__(self, capacity: int = 64, on_idle: Callable[[], None] | None = None,
+                 idle_after: float = 1.0):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
+        self._on_idle = on_idle  # run on the writer thread after idle_after s without a call
+        self._idle_after = idle_after
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=capacity)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hipgraph-writer", daemon=True)
@@ -54,7 +57,14 @@ class WriteQueue:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=self._idle_after if self._on_idle else None)
+            except queue.Empty:
+                try:
+                    self._on_idle()
+                except Exception:  # noqa: BLE001 - a failed idle task never stops the writer
+                    logger.warning("the writer's idle task failed", exc_info=True)
+                continue
             if item is _STOP:
                 return
             call, future = item

@@ -216,6 +216,10 @@ class GraphStore:
                 "or use the hipgraph release that wrote it"
             )
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         with self._cursor_lock:
             self._closed = True

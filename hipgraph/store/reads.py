@@ -39,10 +39,11 @@ def passage_texts_for_bm25(store: GraphStore) -> tuple[np.ndarray, list[str]]:
     return ids, [f"{title}\n{text}" if title else text for _, title, text in rows]
 
 
-def entity_rows(store: GraphStore) -> list[tuple[int, str, str | None]]:
-    """Every entity as ``(id, normalised name, label)``, by id."""
-    return [(int(i), n, lab) for i, n, lab in
-            store.con.execute("SELECT id, name, label FROM entities ORDER BY id").fetchall()]
+def entity_columns(store: GraphStore) -> tuple[list[int], list[str], list[str]]:
+    """Every entity's id, normalised name and label ('' for none), by id, as three lists (read
+    column-wise, not as row tuples: several times faster on a large index)."""
+    table = store.con.sql("SELECT id, name, coalesce(label, '') FROM entities ORDER BY id").to_arrow_table()
+    return tuple(table.column(i).to_pylist() for i in range(3))  # type: ignore[return-value]
 
 
 def fact_triples(store: GraphStore, fact_ids: Iterable[int]) -> dict[int, tuple[int, str, int]]:
@@ -66,13 +67,18 @@ def unit_rows(store: GraphStore, kind: str) -> list[tuple[int, int, int, str, di
             for pid, start, end, text, raw in rows]
 
 
-def triple_sources(store: GraphStore) -> list[tuple[int, int, str, int, str, int]]:
-    """Every (triple fact, source passage) pair: ``(fact id, subject id, relation, object id,
-    object label or '', passage id)``."""
-    return store.con.execute("""
-        SELECT f.id, f.subject_id, f.relation, f.object_id, coalesce(o.label, ''), fs.passage_id
-        FROM facts f JOIN fact_sources fs ON fs.fact_id = f.id JOIN entities o ON o.id = f.object_id
-        WHERE f.kind = 'triple'""").fetchall()
+def triple_sources(store: GraphStore, passage_ids: Iterable[int]) -> list[tuple[int, int, str, int, str, int]]:
+    """The (triple fact, source passage) pairs of the given passages: ``(fact id, subject id,
+    relation, object id, object label or '', passage id)``."""
+    ids = np.fromiter(passage_ids, dtype=np.int64)
+    if not ids.size:
+        return []
+    with store.temp_ids("_sources", ids) as table:
+        return store.con.execute(f"""
+            SELECT f.id, f.subject_id, f.relation, f.object_id, coalesce(o.label, ''), fs.passage_id
+            FROM {table} t JOIN fact_sources fs ON fs.passage_id = t.id
+            JOIN facts f ON f.id = fs.fact_id JOIN entities o ON o.id = f.object_id
+            WHERE f.kind = 'triple'""").fetchall()
 
 
 def arrow_columns(store: GraphStore, sql: str) -> list[np.ndarray]:

@@ -12,6 +12,7 @@ in memory and saved atomically.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,8 @@ class VectorSet:
         self.indexes: dict[str, FaissVectorIndex] = {}
         self.repaired: list[str] = []  # kinds rebuilt on open, with the reason
         self._dirty: set[str] = set()  # kinds changed since their file was written
+        self.save_every = 0.0  # checkpoint(): seconds between saves (0: save at every call)
+        self._last_save = time.monotonic()
 
     def open(self) -> VectorSet:
         if not self.store.read_only:  # temporary files of a save that was killed mid-way
@@ -166,7 +169,20 @@ class VectorSet:
         """Write the indexes changed since the last save (atomically, one file per kind)."""
         for kind in sorted(self._dirty):
             self._save(kind, self.indexes[kind])
-        self._dirty.clear()
+            self._dirty.discard(kind)
+        self._last_save = time.monotonic()
+
+    @property
+    def dirty(self) -> bool:
+        """Whether an index changed since its file was written."""
+        return bool(self._dirty)
+
+    def checkpoint(self) -> None:
+        """:meth:`save`, unless :attr:`save_every` is set and the last save is more recent (the
+        end of a write call). Files left behind by a crash before the next save are brought up to
+        date from DuckDB on the next open: a deferred save costs time then, never data."""
+        if self._dirty and time.monotonic() - self._last_save >= self.save_every:
+            self.save()
 
     def _save(self, kind: str, index: FaissVectorIndex) -> None:
         index.save(faiss_path(self.store.root, kind))

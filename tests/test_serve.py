@@ -306,6 +306,27 @@ def test_write_queue_runs_in_order_and_refuses_when_full():
         queue.submit(lambda: None)
 
 
+def test_write_queue_runs_its_idle_task_on_the_writer_thread_between_calls():
+    ran: list[str] = []
+    idle = threading.Event()
+    fail = [True]
+
+    def on_idle():
+        ran.append(threading.current_thread().name)
+        if fail[0]:
+            fail[0] = False
+            raise OSError("disk full")  # logged; the writer carries on
+        idle.set()
+
+    queue = WriteQueue(capacity=4, on_idle=on_idle, idle_after=0.05)
+    try:
+        assert idle.wait(10)  # ran twice at least: the failure did not stop the writer
+        assert set(ran) == {"hipgraph-writer"}
+        assert queue.submit(lambda: "after") == "after"  # calls are still answered
+    finally:
+        queue.close()
+
+
 def test_read_batcher_shares_calls_and_keeps_each_requests_answer_and_error(inline_index):
     from hipgraph.errors import ConfigError
     from hipgraph.serve.batcher import ReadBatcher

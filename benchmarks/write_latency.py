@@ -45,10 +45,10 @@ def one_round(db: Path, sessions: int, save_every: float) -> dict[str, list[floa
         store = hg.store
         prepare, view_ms = store._prepare_publishers, []
 
-        def timed_prepare():
+        def timed_prepare(*args):
             t0 = time.perf_counter()
             try:
-                return prepare()
+                return prepare(*args)
             finally:
                 view_ms.append(1000 * (time.perf_counter() - t0))
 

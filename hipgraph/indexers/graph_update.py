@@ -56,6 +56,7 @@ def delete_document_rows(store: GraphStore, doc_ids: list[int], removed: Removed
             con.execute("DELETE FROM edges WHERE type = 'mention' AND src IN (SELECT id FROM _del_passages)")
         con.execute("DELETE FROM documents WHERE id IN (SELECT id FROM _del_docs)")
     removed.passages |= passages
+    store.changes.remove_passages(passages)
 
 
 def collect_orphans(store: GraphStore, removed: Removed) -> None:
@@ -74,6 +75,7 @@ def collect_orphans(store: GraphStore, removed: Removed) -> None:
                     con.execute("DELETE FROM fact_vectors WHERE id IN (SELECT id FROM _orphan_facts)")
                     con.execute("DELETE FROM facts WHERE id IN (SELECT id FROM _orphan_facts)")
             removed.facts |= orphan_facts
+            store.changes.touch_facts(orphan_facts)
     if removed.affected_entities:
         with store.temp_ids("_aff", sorted(removed.affected_entities)):
             orphans = _ids(con, """
@@ -91,12 +93,14 @@ def collect_orphans(store: GraphStore, removed: Removed) -> None:
                         DELETE FROM edges WHERE type IN ('fact', 'synonym')
                         AND (src IN (SELECT id FROM _orphan_entities) OR dst IN (SELECT id FROM _orphan_entities))""")
                 removed.entities |= orphans
+                store.changes.remove_entities(orphans)
 
 
 def refresh_entities(store: GraphStore, entity_ids: set[int]) -> None:
     """Recompute fact edges, surface forms and labels of ``entity_ids`` from provenance."""
     if not entity_ids:
         return
+    store.changes.touch_entities(entity_ids)
     with store.temp_ids("_refresh", sorted(entity_ids)):
         store.con.execute("""
             DELETE FROM edges WHERE type = 'fact'
@@ -116,6 +120,7 @@ def refresh_surface_forms(store: GraphStore, entity_ids: set[int]) -> None:
     """Recompute surface forms and labels (the most frequent) of ``entity_ids`` from mentions."""
     if not entity_ids:
         return
+    store.changes.touch_labels(entity_ids)
     with store.temp_ids("_forms", sorted(entity_ids)):
         store.con.execute("""
             UPDATE entities SET surface_forms = agg.forms, label = agg.label
@@ -140,6 +145,7 @@ def add_fact_edge_counts(store: GraphStore, subject_ids: np.ndarray, object_ids:
     lo = np.minimum(subject_ids, object_ids).astype(np.int64)
     hi = np.maximum(subject_ids, object_ids).astype(np.int64)
     pairs, counts = np.unique(np.stack([lo, hi], axis=1), axis=0, return_counts=True)
+    store.changes.touch_pairs(pairs[:, 0], pairs[:, 1])
     store.con.register("_fact_delta", pa.table({"src": pa.array(pairs[:, 0]), "dst": pa.array(pairs[:, 1]),
                                                 "w": pa.array(counts.astype(np.float64))}))
     try:
@@ -159,6 +165,7 @@ def add_mention_edges(store: GraphStore, passage_ids: np.ndarray, entity_ids: np
     if len(passage_ids) == 0:
         return
     pairs = np.unique(np.stack([np.asarray(passage_ids, np.int64), np.asarray(entity_ids, np.int64)], axis=1), axis=0)
+    store.changes.touch_passages(pairs[:, 0])
     store.insert("edges", {
         "type": pa.array(["mention"] * len(pairs), pa.string()),
         "src": pa.array(pairs[:, 0]),
@@ -300,6 +307,7 @@ def update_synonyms(
                 AND (src IN (SELECT id FROM _hubs) OR dst IN (SELECT id FROM _hubs))"""
             dropped = int(con.execute(f"SELECT count(*) FROM edges WHERE {where}").fetchall()[0][0])
             con.execute(f"DELETE FROM edges WHERE {where}")
+        store.changes.touch_entities(crossed_up)
     if crossed_down:  # linkable again: find all their neighbours in the new state
         down_ids, down_vectors = store.read_vectors("entity", np.asarray(sorted(crossed_down)))
         down_list = down_ids.tolist()
@@ -326,6 +334,7 @@ def update_synonyms(
                 existing.add((int(a), int(b)))
         keep = [p for p in keep if p not in existing]
     if keep:
+        store.changes.touch_pairs([a for a, _ in keep], [b for _, b in keep])
         store.insert("edges", {
             "type": pa.array(["synonym"] * len(keep), pa.string()),
             "src": pa.array([a for a, _ in keep], pa.int64()),

@@ -68,6 +68,8 @@ def persist_facts(store: GraphStore, vectors: VectorSet, embedder: Embedder,
             "label": pa.array([None] * len(new_names), pa.string()),
             "surface_forms": pa.array([[] for _ in new_names], pa.list_(pa.string()))})
         store.write_vectors("entity", new_ids, nvecs)
+        store.changes.touch_entities(new_ids)
+        store.changes.touch_labels(new_ids)
         write = [(f, v) for f, v in zip(facts, fvecs, strict=True)
                  if (ids[f.subject], f.relation, ids[f.object]) not in existing]
         fact_ids = store.allocate_ids("fact", len(write))
@@ -79,6 +81,7 @@ def persist_facts(store: GraphStore, vectors: VectorSet, embedder: Embedder,
             "kind": pa.array(["triple"] * len(write), pa.string())})
         wvecs = np.array([v for _, v in write], np.float32).reshape(len(write), vectors.dimension)
         store.write_vectors("fact", fact_ids, wvecs)
+        store.changes.touch_facts(fact_ids)
         assigned = {f.key: int(i) for (f, _), i in zip(write, fact_ids.tolist(), strict=True)}
         for f in facts:
             assigned.setdefault(f.key, existing.get((ids[f.subject], f.relation, ids[f.object]), -1))
@@ -92,6 +95,7 @@ def persist_facts(store: GraphStore, vectors: VectorSet, embedder: Embedder,
         synonyms = IndexConfig.from_dict({"synonyms": store.meta_get("config")["synonyms"]}).synonyms
         update_synonyms(store, vectors.indexes["entity"], new_ids, nvecs,
                         np.zeros(0, np.int64), np.zeros((0, vectors.dimension), np.float32), synonyms)
+        store.changes.itemised = True  # mention edges: their entities are refreshed (touched) above
         store.bump_generation()
         store.on_commit(lambda: vectors.apply(Removed(), added={"entity": (new_ids, nvecs),
                                                                 "fact": (fact_ids, wvecs)}))

@@ -223,6 +223,7 @@ class Indexer:
             collect_orphans(self.store, removed)
             refresh_entities(self.store, removed.affected_entities - removed.entities)
             self._synonyms(np.zeros(0, np.int64), None, removed)
+            self.store.changes.itemised = True
             self.store.bump_generation()
             self.store.on_commit(lambda: self.vectors.apply(removed, added={}, save=False))
             t1 = time.perf_counter()
@@ -362,6 +363,7 @@ class Indexer:
                 "text_hash": [text_hash(c.title, c.text) for c in batch.chunks],
             })
             store.write_vectors("passage", passage_ids, batch.passage_vectors)
+            store.changes.touch_passages(passage_ids)
             if batch.turn_keys:
                 store.write_turn_vectors(passage_ids[[c for c, _ in batch.turn_keys]],
                                          np.array([p for _, p in batch.turn_keys]), batch.turn_vectors)
@@ -376,6 +378,8 @@ class Indexer:
                 "surface_forms": pa.array([[] for _ in batch.new_entities], pa.list_(pa.string())),
             })
             store.write_vectors("entity", new_entity_ids, batch.new_entity_vectors)
+            store.changes.touch_entities(new_entity_ids)
+            store.changes.touch_labels(new_entity_ids)
             store.insert("mentions", {
                 "passage_id": pa.array([int(passage_ids[ci]) for ci, _, _, _ in batch.mentions], pa.int64()),
                 "entity_id": pa.array([entity_ids[name] for _, name, _, _ in batch.mentions], pa.int64()),
@@ -393,6 +397,7 @@ class Indexer:
                 "object_id": pa.array([entity_ids[o] for _, _, o, _ in batch.new_facts], pa.int64()),
                 "kind": pa.array([k for _, _, _, k in batch.new_facts], pa.string()),
             })
+            store.changes.touch_facts(new_fact_ids)
             triple_mask = np.array([k == "triple" for *_, k in batch.new_facts], dtype=bool)
             store.write_vectors("fact", new_fact_ids[triple_mask], batch.new_fact_vectors)
             store.insert("fact_sources", {
@@ -417,6 +422,7 @@ class Indexer:
             add_mention_edges(store, passage_ids[[ci for ci, _, _, _ in batch.mentions]], mention_entities)
             n_synonyms = self._synonyms(new_entity_ids, batch.new_entity_vectors, removed)
             t_graph = time.perf_counter() - t0
+            store.changes.itemised = True  # every graph row this batch touched is recorded
             store.bump_generation()
             added = {
                 "passage": (passage_ids, batch.passage_vectors),

@@ -107,12 +107,38 @@ class QuestionSpans:
 class EntityNames:
     """Normalised entity name → entity id, read once per index generation."""
 
-    def __init__(self, store: GraphStore, generation: int | None = None):
+    def __init__(self, store: GraphStore | None, generation: int | None = None):
+        if store is None:  # filled by :meth:`updated`
+            self.generation = -1 if generation is None else generation
+            self.by_name, self.by_id, self.label_by_id = {}, {}, {}
+            return
         self.generation = store.generation if generation is None else generation
         ids, names, labels = reads.entity_columns(store)
         self.by_name = dict(zip(names, ids, strict=True))  # a repeated name: the later id wins
         self.by_id = dict(zip(ids, names, strict=True))
         self.label_by_id = dict(zip(ids, labels, strict=True))
+
+    def updated(self, store: GraphStore, entity_ids: set[int], generation: int) -> EntityNames:
+        """These names with the rows of ``entity_ids`` read again (added, removed or relabelled
+        entities): equal to reading every entity, at the cost of the ids given."""
+        out = EntityNames(None, generation)
+        out.by_name, out.by_id, out.label_by_id = dict(self.by_name), dict(self.by_id), dict(self.label_by_id)
+        ids, names, labels = reads.entity_columns_of(store, entity_ids)
+        gone_names = set()
+        for eid in set(entity_ids) - set(ids):
+            name = out.by_id.pop(eid, None)
+            out.label_by_id.pop(eid, None)
+            if name is not None and out.by_name.get(name) == eid:
+                del out.by_name[name]
+                gone_names.add(name)
+        for eid, name, label in zip(ids, names, labels, strict=True):
+            out.by_id[eid] = name
+            out.label_by_id[eid] = label
+            if out.by_name.get(name, -1) < eid:
+                out.by_name[name] = eid
+        # a removed entity whose name another (older) entity also has: that one now wins
+        out.by_name.update(reads.entity_ids_named(store, gone_names))
+        return out
 
     def exact(self, span: str) -> int | None:
         return self.by_name.get(normalize_entity(span))

@@ -153,7 +153,9 @@ def build_snapshot(store: GraphStore) -> GraphSnapshot:
 
 
 def _assemble(generation: int, arrays: dict[str, np.ndarray]) -> GraphSnapshot:
-    graph = prepare_graph(arrays["indptr"], arrays["indices"], arrays["weights"], symmetric=True)
+    # the arrays come from to_csr or the splice, or were verified on load (snapshot_problem)
+    graph = prepare_graph(arrays["indptr"], arrays["indices"], arrays["weights"], symmetric=True,
+                          validate=False)
     return GraphSnapshot(generation=generation, ppr_graph=graph, **{k: arrays[k] for k in _ARRAYS})
 
 

@@ -81,6 +81,21 @@ class MemoryTurns:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def extended(self, rows: Sequence[tuple[int, int, int, str, dict[str, Any]]]) -> MemoryTurns:
+        """These turns followed by those of ``rows``, units that come after every unit here
+        (equal to building from all the rows, at the cost of the new ones)."""
+        more = MemoryTurns(rows)
+        if self.by_unit and more.by_unit and min(more.by_unit) <= max(self.by_unit):
+            raise ValueError("extended() takes units after the last one held")
+        out = MemoryTurns(())
+        base = len(self.ids)
+        out.by_unit = {**self.by_unit, **{pid: (a + base, b + base) for pid, (a, b) in more.by_unit.items()}}
+        out.unit = np.concatenate([self.unit, more.unit])
+        out.position = np.concatenate([self.position, more.position])
+        out.ids, out.speakers = self.ids + more.ids, self.speakers + more.speakers
+        out.texts, out.times = self.texts + more.texts, self.times + more.times
+        return out
+
     def bm25(self, k1: float, b: float):
         """A BM25 index over the turn lines (ids are row numbers); the read view keeps it."""
         from hipgraph.query.bm25 import BM25Config, BM25Index  # noqa: PLC0415

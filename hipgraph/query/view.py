@@ -32,7 +32,9 @@ from hipgraph.query.snapshot import (
 )
 from hipgraph.query.turns import MemoryTurns
 from hipgraph.query.validity import FactTime, fact_times
+from hipgraph.query.view_delta import derived_parts
 from hipgraph.store import reads
+from hipgraph.store.changes import GraphChanges
 from hipgraph.store.database import GraphStore
 from hipgraph.store.vector_set import VectorSet
 from hipgraph.text.memory_units import SESSION_KIND, unit_record
@@ -293,9 +295,11 @@ class Views:
                 self._view = ReadView(self.store, self.vectors, generation)
             return self._view
 
-    def prepare_next(self) -> Callable[[], None] | None:
+    def prepare_next(self, changes: GraphChanges) -> Callable[[], None] | None:
         """In a write transaction, before its COMMIT: the next generation's view with the parts
-        the current one has built, and the callable that makes it current after the commit."""
+        the current one has built, and the callable that makes it current after the commit.
+        When the current view is the generation just before and the write itemised its
+        ``changes``, parts are derived from the current ones (:mod:`view_delta`), not re-read."""
         view = self._view
         if view is None or time.monotonic() - self._last_read > WARM_AFTER_READ_S:
             return None
@@ -305,6 +309,8 @@ class Views:
         # in memory only: writing the snapshot files for every write would cost the writer a
         # save per commit; save_caches writes the last one when the index closes
         nxt = ReadView(self.store, self.vectors, generation, persist=False)
+        if generation == view.generation + 1:
+            nxt._parts.update(derived_parts(dict(view._parts), self.store, changes, generation))
         for key in list(view._parts):
             name, args = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
             build = _WARMED_PARTS.get(name)

@@ -23,6 +23,7 @@ from hipgraph.errors import (
     SchemaVersionError,
     StoreError,
 )
+from hipgraph.store.changes import GraphChanges
 from hipgraph.store.locks import ReadWriteLock
 from hipgraph.store.schema import (
     ID_KINDS,
@@ -100,7 +101,8 @@ class GraphStore:
         self._closed = False
         self._tx_owner: int | None = None  # thread ident inside transaction()
         self._on_commit: list[Callable[[], None]] = []
-        self._publishers: list[Callable[[], Callable[[], None] | None]] = []
+        self._publishers: list[Callable[[GraphChanges], Callable[[], None] | None]] = []
+        self._changes = GraphChanges()  # what the open transaction touched (see changes.py)
         self._generation: int | None = None
         self._commits = 0  # bumped at each commit; guards the generation cache against races
 
@@ -287,6 +289,7 @@ class GraphStore:
             con.execute("BEGIN TRANSACTION")
             self._tx_owner = me
             self._on_commit = []
+            self._changes = GraphChanges()
             try:
                 yield con
             except BaseException:
@@ -295,7 +298,8 @@ class GraphStore:
                 con.execute("ROLLBACK")
                 raise
             callbacks, self._on_commit = self._on_commit, []
-            published = self._prepare_publishers()
+            changes, self._changes = self._changes, GraphChanges()
+            published = self._prepare_publishers(changes)
             with self.lock.exclusive():
                 try:
                     con.execute("COMMIT")
@@ -314,18 +318,27 @@ class GraphStore:
                 for publish in published:
                     publish()
 
-    def add_publisher(self, prepare: Callable[[], Callable[[], None] | None]) -> None:
-        """Run ``prepare()`` in every transaction right before its COMMIT, on the writing thread
-        (it reads the transaction's own rows, while readers go on with the committed ones); the
-        callable it returns, if any, runs right after the commit, before readers resume. A
-        ``prepare`` that raises is logged and skipped: it never fails the write."""
+    def add_publisher(self, prepare: Callable[[GraphChanges], Callable[[], None] | None]) -> None:
+        """Run ``prepare(changes)`` in every transaction right before its COMMIT, on the writing
+        thread (it reads the transaction's own rows, while readers go on with the committed ones;
+        ``changes`` is what the transaction recorded it touched, :attr:`changes`); the callable it
+        returns, if any, runs right after the commit, before readers resume. A ``prepare`` that
+        raises is logged and skipped: it never fails the write."""
         self._publishers.append(prepare)
 
-    def _prepare_publishers(self) -> list[Callable[[], None]]:
+    @property
+    def changes(self) -> GraphChanges:
+        """The ids the open transaction touched; write paths record into it as they write (a
+        record that outlives no transaction when there is none)."""
+        if self._tx_owner != threading.get_ident():
+            return GraphChanges()
+        return self._changes
+
+    def _prepare_publishers(self, changes: GraphChanges) -> list[Callable[[], None]]:
         published = []
         for prepare in self._publishers:
             try:
-                publish = prepare()
+                publish = prepare(changes)
             except Exception as exc:  # noqa: BLE001 - readers then build what it would have
                 logger.warning("preparing what readers see after this commit failed (%s); "
                                "they build it on first use", exc)

@@ -56,13 +56,23 @@ def fact_triples(store: GraphStore, fact_ids: Iterable[int]) -> dict[int, tuple[
     return {int(i): (int(s), r, int(o)) for i, s, r, o in rows}
 
 
-def unit_rows(store: GraphStore, kind: str) -> list[tuple[int, int, int, str, dict[str, Any]]]:
+def unit_rows(store: GraphStore, kind: str, passage_ids: Iterable[int] | None = None,
+              ) -> list[tuple[int, int, int, str, dict[str, Any]]]:
     """``(passage id, start char, end char, text, document metadata)`` of every passage of a
-    document whose metadata ``kind`` is ``kind`` (conversation sessions), by passage id."""
-    rows = store.con.execute("""
-        SELECT p.id, p.start_char, p.end_char, p.text, d.metadata FROM passages p
-        JOIN documents d ON d.id = p.doc_id
-        WHERE json_extract_string(d.metadata, '$.kind') = ? ORDER BY p.id""", [kind]).fetchall()
+    document whose metadata ``kind`` is ``kind`` (conversation sessions), by passage id; only
+    those among ``passage_ids`` when given."""
+    sql = """SELECT p.id, p.start_char, p.end_char, p.text, d.metadata FROM passages p
+             JOIN documents d ON d.id = p.doc_id
+             WHERE json_extract_string(d.metadata, '$.kind') = ?"""
+    if passage_ids is None:
+        rows = store.con.execute(sql + " ORDER BY p.id", [kind]).fetchall()
+    else:
+        ids = np.fromiter(passage_ids, dtype=np.int64)
+        if not ids.size:
+            return []
+        with store.temp_ids("_unit_ids", ids) as table:
+            rows = store.con.execute(sql + f" AND p.id IN (SELECT id FROM {table}) ORDER BY p.id",
+                                     [kind]).fetchall()
     return [(int(pid), start, end, text, json.loads(raw) if isinstance(raw, str) else raw)
             for pid, start, end, text, raw in rows]
 
@@ -122,6 +132,80 @@ def snapshot_columns(store: GraphStore) -> dict[str, list[np.ndarray]]:
         "facts": arrow_columns(
             store, "SELECT id, subject_id, object_id FROM facts WHERE kind = 'triple' ORDER BY id"),
     }
+
+
+def present_ids(store: GraphStore, table: str, ids: Iterable[int]) -> np.ndarray:
+    """Those of ``ids`` that ``table`` (passages | entities) holds, ascending."""
+    if table not in ("passages", "entities"):
+        raise ValueError(f"unknown table {table!r}")
+    want = np.unique(np.fromiter(ids, dtype=np.int64))
+    if not want.size:
+        return want
+    with store.temp_ids("_present", want) as name:
+        return arrow_columns(store, f"SELECT id FROM {table} WHERE id IN (SELECT id FROM {name}) "
+                                    "ORDER BY id")[0].astype(np.int64)
+
+
+def edges_touching(store: GraphStore, passages: np.ndarray, entities: np.ndarray,
+                   pairs: np.ndarray) -> list[np.ndarray]:
+    """The edges a write may have changed: ``(src, dst, weight, is_mention)`` columns of the
+    mention edges of the given passages or entities and of the fact and synonym edges of the
+    given entities or between the ends of one of ``pairs`` (an ``(n, 2)`` array of ``(lo, hi)``,
+    as edges are stored). One scan of the edges table."""
+    pairs = np.asarray(pairs, np.int64).reshape(-1, 2)
+    store.con.register("_touch", pa.table({
+        "kind": pa.array(["p"] * len(passages) + ["e"] * len(entities) + ["s"] * len(pairs)
+                         + ["d"] * len(pairs), pa.string()),
+        "id": pa.array(np.concatenate([passages, entities, pairs[:, 0], pairs[:, 1]]).astype(np.int64))}))
+    try:
+        src, dst, weight, mention = arrow_columns(store, """
+            WITH p AS (SELECT id FROM _touch WHERE kind = 'p'), e AS (SELECT id FROM _touch WHERE kind = 'e'),
+                 s AS (SELECT id FROM _touch WHERE kind = 's'), d AS (SELECT id FROM _touch WHERE kind = 'd')
+            SELECT src, dst, weight, type = 'mention' FROM edges
+            WHERE (type = 'mention' AND (src IN (SELECT id FROM p) OR dst IN (SELECT id FROM e)))
+               OR (type IN ('fact', 'synonym') AND (src IN (SELECT id FROM e) OR dst IN (SELECT id FROM e)
+                   OR (src IN (SELECT id FROM s) AND dst IN (SELECT id FROM d))))""")
+    finally:
+        store.unregister("_touch")
+    src, dst = src.astype(np.int64), dst.astype(np.int64)
+    mention = mention.astype(bool)
+    if pairs.size:  # src/dst both among the pairs' ends is wider than the pairs themselves
+        base = int(max(pairs.max(), src.max(initial=0), dst.max(initial=0))) + 1
+        pair_keys = np.unique(pairs[:, 0] * base + pairs[:, 1])
+        keys = src * base + dst
+        pos = np.minimum(np.searchsorted(pair_keys, keys), pair_keys.size - 1)
+        keep = mention | np.isin(src, entities) | np.isin(dst, entities) | (pair_keys[pos] == keys)
+        src, dst, weight, mention = src[keep], dst[keep], weight[keep], mention[keep]
+    return [src, dst, np.asarray(weight, np.float64), mention]
+
+
+def triple_facts_by_id(store: GraphStore, fact_ids: Iterable[int]) -> list[np.ndarray]:
+    """``(id, subject id, object id)`` columns of the triple facts among ``fact_ids``, by id."""
+    ids = np.unique(np.fromiter(fact_ids, dtype=np.int64))
+    with store.temp_ids("_fact_ids", ids) as name:
+        return arrow_columns(store, f"""SELECT id, subject_id, object_id FROM facts
+            WHERE kind = 'triple' AND id IN (SELECT id FROM {name}) ORDER BY id""")
+
+
+def entity_columns_of(store: GraphStore, entity_ids: Iterable[int]) -> tuple[list[int], list[str], list[str]]:
+    """Like :func:`entity_columns`, for the stored entities among ``entity_ids``."""
+    ids = np.unique(np.fromiter(entity_ids, dtype=np.int64))
+    if not ids.size:
+        return [], [], []
+    with store.temp_ids("_entity_ids", ids) as name:
+        got, names, labels = arrow_columns(store, f"""SELECT id, name, coalesce(label, '') FROM entities
+            WHERE id IN (SELECT id FROM {name}) ORDER BY id""")
+    return got.tolist(), names.tolist(), labels.tolist()
+
+
+def entity_ids_named(store: GraphStore, names: Iterable[str]) -> dict[str, int]:
+    """``name -> the largest id of an entity with that name`` for the given names."""
+    names = sorted(set(names))
+    if not names:
+        return {}
+    return {n: int(i) for n, i in store.con.execute(
+        "SELECT name, max(id) FROM entities WHERE name IN (SELECT unnest(?::VARCHAR[])) GROUP BY name",
+        [names]).fetchall()}
 
 
 def document_keys_with_prefix(store: GraphStore, prefix: str) -> list[str]:

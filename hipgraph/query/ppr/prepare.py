@@ -189,6 +189,7 @@ def prepare_graph(
     weights: np.ndarray,
     *,
     symmetric: bool | None = None,
+    validate: bool = True,
 ) -> PPRGraph:
     """Validate a CSR graph once and precompute what every PPR query needs.
 
@@ -198,7 +199,8 @@ def prepare_graph(
     ``to_csr(undirected=True)`` builds), so no transpose is built (only in/out degrees are
     checked); ``False`` always builds the transpose; ``None`` detects it.  Arrays that already
     have the kernel dtypes (int64 / int32 / float32) are used without copying, so memmaps stay
-    memmaps.
+    memmaps. ``validate=False`` skips the checks that read every edge (index range, finite and
+    non-negative weights, equal in/out degrees): for arrays hipgraph built or verified itself.
     """
     _choose_threading_layer()
     indptr = np.asarray(indptr)
@@ -220,7 +222,7 @@ def prepare_graph(
         raise ValueError(f"indptr must start at 0 and end at len(indices)={m}")
     if n and np.any(np.diff(indptr) < 0):
         raise ValueError("indptr must be non-decreasing")
-    if m and (indices.min() < 0 or indices.max() >= n):
+    if validate and m and (indices.min() < 0 or indices.max() >= n):
         raise ValueError(f"indices must lie in [0, {n})")
     if n >= 2**31:
         raise ValueError(f"at most 2**31 - 1 nodes are supported, got {n}")
@@ -231,9 +233,9 @@ def prepare_graph(
         w32 = weights.astype(np.float32, copy=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"weights must be numeric: {exc}") from None
-    if not np.all(np.isfinite(w32)):
+    if validate and not np.all(np.isfinite(w32)):
         raise ValueError("weights must be finite (and fit in float32)")
-    if np.any(w32 < 0):
+    if validate and np.any(w32 < 0):
         raise ValueError("weights must be non-negative")
 
     with parallel_launch():
@@ -247,9 +249,8 @@ def prepare_graph(
                 and np.array_equal(indices, tidx)
                 and np.array_equal(w32, tw)
             )
-    else:
-        if m and np.any(np.bincount(indices, minlength=n) != np.diff(indptr)):
-            raise ValueError("symmetric=True but in-degrees differ from out-degrees")
+    elif validate and m and np.any(np.bincount(indices, minlength=n) != np.diff(indptr)):
+        raise ValueError("symmetric=True but in-degrees differ from out-degrees")
     sqrt_out = np.sqrt(outw)
     empty = np.zeros(0, dtype=np.float32)
     if symmetric:

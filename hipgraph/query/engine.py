@@ -126,13 +126,15 @@ def _threadpool_controller():
 
 
 class BatchEmbedder:
-    """An embedder that remembers the vectors of the texts it embedded (one query batch)."""
+    """An embedder that remembers the vectors of the texts it embedded (one query batch), and
+    the spaCy parses of the batch's questions made before the read lock (``parsed``)."""
 
     def __init__(self, embedder: Embedder):
         self.inner = embedder
         self.name, self.dimension = embedder.name, embedder.dimension
         self._seen: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
+        self.parsed: dict[str, Any] = {}
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         texts = list(texts)
@@ -262,11 +264,34 @@ class Retriever:
             yield self.views.current()
 
     def query(self, view: ReadView, cfg: RetrievalConfig, when: When | None = None,
-              paths: int | None = None) -> Query:
+              paths: int | None = None, embedder: BatchEmbedder | None = None) -> Query:
         """One batch's query state; its embedder keeps the batch's vectors, so a question the
         mode embedded is not embedded again (turn scoring, event lookups)."""
-        graph = GraphSearch(view, BatchEmbedder(self._embedder()), self._spans, self._fact_filter(cfg))
+        embedder = embedder or BatchEmbedder(self._embedder())
+        graph = GraphSearch(view, embedder, self._spans, self._fact_filter(cfg))
         return Query(self, view, graph, cfg, when, paths)
+
+    def prepare(self, questions: list[str], mode: str, cfg: RetrievalConfig) -> BatchEmbedder:
+        """The work on ``questions`` alone, done before the read lock is taken (so a write's
+        commit does not wait for it, and a read waiting for a commit gets it done meanwhile):
+        the spaCy parse and one embedding call for the questions and their entity spans, both
+        kept by the returned embedder, which the query then uses. Graph, dense and hybrid
+        retrieval; other modes embed under the lock as before."""
+        embedder = BatchEmbedder(self._embedder())
+        if mode not in ("graph", "dense", "hybrid"):
+            return embedder
+        texts = list(questions)
+        with _one_blas_thread():
+            if mode != "dense" and cfg.graph.link_question_entities:
+                # the spans graph retrieval will embed: those no name matches, by the names the
+                # latest view holds (a guess made without the lock: a span it gets wrong is
+                # embedded under the lock, or embedded for nothing)
+                names = self.views.built_names()
+                embedder.parsed = dict(zip(questions, self._spans.parse(questions), strict=True))
+                texts += [span for pairs in self._spans.link(questions, names, parsed=embedder.parsed)
+                          for span, eid in pairs if eid is None]
+            embedder.embed(texts)
+        return embedder
 
     def snapshot(self) -> GraphSnapshot:
         """The current generation's graph snapshot."""
@@ -301,18 +326,20 @@ class Retriever:
             return []
         dates = parse_question_dates(question_dates, len(questions), parse_time)
         as_of_t = parse_time(as_of, where="as_of") if as_of is not None else None
+        embedder = self.prepare(questions, mode, cfg)
         with self.reading() as view:
             units, times = view.memory_units()
             if not units:
                 k = _within_index(view, k)
-                return to_hits(view, RANKERS[mode](self.query(view, cfg), questions, k), k, units)
+                return to_hits(view, RANKERS[mode](self.query(view, cfg, embedder=embedder), questions, k),
+                               k, units)
             # conversation memory: time expressions, facts weighed by when they held, as_of
             spans = [resolve_range(q, d or as_of_t) for q, d in zip(questions, dates, strict=True)]
             when = [(as_of_t, asks_about_past(q, span, d or as_of_t))
                     for q, span, d in zip(questions, spans, dates, strict=True)]
             # the units past the first k are candidates (for time ranking, turns): their
             # strongest graph paths are not worked out
-            query = self.query(view, cfg, when, paths=k)
+            query = self.query(view, cfg, when, paths=k, embedder=embedder)
             depth = _within_index(view, max(k, cfg.memory_candidates))
             rankings = RANKERS[mode](query, questions, depth)
             self._event_spans(query, questions, spans, times)

@@ -79,7 +79,8 @@ class GraphSearch:
         linked: list[dict[int, str]] = [{} for _ in questions]
         unmatched: list[tuple[int, str]] = []
         if cfg.link_question_entities and snap.n_entities:
-            for q, pairs in enumerate(self.spans.link(questions, self.entity_names())):
+            parsed = getattr(embedder, "parsed", None)  # parses made before the read lock
+            for q, pairs in enumerate(self.spans.link(questions, self.entity_names(), parsed=parsed)):
                 for span, eid in pairs:
                     idx = int(snap.entity_index(np.array([eid]))[0]) if eid is not None else -1
                     if idx >= 0:

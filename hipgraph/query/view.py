@@ -295,6 +295,12 @@ class Views:
                 self._view = ReadView(self.store, self.vectors, generation)
             return self._view
 
+    def built_names(self) -> EntityNames | None:
+        """The entity names of the latest view if it has built them (None otherwise); safe
+        without the lock because it builds nothing: a hint for work done before a read."""
+        view = self._view
+        return None if view is None else view._parts.get("names")
+
     def prepare_next(self, changes: GraphChanges) -> Callable[[], None] | None:
         """In a write transaction, before its COMMIT: the next generation's view with the parts
         the current one has built, and the callable that makes it current after the commit.

@@ -143,7 +143,7 @@ def _pair_keys(old: GraphSnapshot, pairs: set[tuple[int, int]]) -> tuple[np.ndar
     return np.unique(np.minimum(a, b) * old.n_nodes + np.maximum(a, b)), in_pair
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _is_pair(keys, u, v, n):
     """Whether ``(u, v)`` is among the sorted pair ``keys`` (binary search; called only for
     nodes that both end some pair: a call per entry would cost more than the whole splice)."""
@@ -158,7 +158,7 @@ def _is_pair(keys, u, v, n):
     return lo < keys.size and keys[lo] == key
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _splice(new_to_old, indptr, indices, weights, row_drop, col_drop, col_map, pair_keys, in_pair,
             n_old, f_indptr, f_indices, f_weights):
     """Rows of the new CSR: row ``r`` merges the old row ``new_to_old[r]`` (unless -1 or

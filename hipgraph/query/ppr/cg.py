@@ -26,7 +26,7 @@ _PAR_EDGES = 1 << 24
 _BLOCK = 16  # resets per conjugate-gradient block: one cache line of a float32 block row
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _cg_start(r, sq, damping, res, p):
     """Initial residual ``(1 - damping) D^-1/2 r`` (= direction); returns ``(r.r, L1 in x)``."""
     rr = 0.0
@@ -40,7 +40,7 @@ def _cg_start(r, sq, damping, res, p):
     return rr, l1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _cg_matvec(lo, hi, ptr, idx, sv, p, q, damping):
     """``q = p - damping * S p`` on rows ``lo..hi``; returns their part of ``p.q``."""
     pq = 0.0
@@ -54,7 +54,7 @@ def _cg_matvec(lo, hi, ptr, idx, sv, p, q, damping):
     return pq
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _cg_step(lo, hi, alpha, y, res, p, q, sq):
     """``y += alpha p``, ``res -= alpha q`` on rows ``lo..hi``; returns their part of the new
     ``res.res`` and of the x-space L1 residual ``sum |res| sqrt(D)``."""
@@ -69,13 +69,13 @@ def _cg_step(lo, hi, alpha, y, res, p, q, sq):
     return rr, l1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _cg_direction(lo, hi, beta, res, p):
     for i in range(lo, hi):
         p[i] = res[i] + beta * p[i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _cg_finish(y, sq, r, damping):
     """``x = D^1/2 y`` (in place), ``(1 - damping) r`` on nodes without out-weight."""
     for i in range(y.size):
@@ -83,7 +83,7 @@ def _cg_finish(y, sq, r, damping):
     return y
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _cg_1(ptr, idx, sv, sq, r, damping, tol, max_iter):
     """Conjugate gradients for one reset on a symmetric graph; returns ``(x, iterations)``.
 
@@ -110,7 +110,7 @@ def _cg_1(ptr, idx, sv, sq, r, damping, tol, max_iter):
     return _cg_finish(y, sq, r, damping), it
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _cg_1_par(ptr, idx, sv, sq, r, bounds, damping, tol, max_iter):
     """:func:`_cg_1` with every matrix product split over the row ranges ``bounds`` (about
     equal edge counts) in parallel."""
@@ -135,7 +135,7 @@ def _cg_1_par(ptr, idx, sv, sq, r, bounds, damping, tol, max_iter):
     return _cg_finish(y, sq, r, damping), it
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _block_matvec(ptr, idx, sv, p, q, damping, pq, acc):
     """``q = p - damping * S p`` for the ``(n, B)`` float32 block ``p`` (float64 sums);
     adds the ``B`` dots ``p.q`` to ``pq``.  ``acc``: ``(B,)`` scratch.
@@ -171,7 +171,7 @@ def _block_matvec(ptr, idx, sv, p, q, damping, pq, acc):
             pq[k] += pk * v
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _cg_block(ptr, idx, sv, sq, r, col0, width, damping, tol, max_iter, out):
     """:func:`_cg_1` for the (up to) ``width`` columns ``col0..`` of ``r`` (``(n, b)``),
     each with its own step sizes and stopping test; writes ``x`` into ``out[:, col0..]`` and
@@ -247,7 +247,7 @@ def _cg_block(ptr, idx, sv, sq, r, col0, width, damping, tol, max_iter, out):
     return it
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _cg_rows(ptr, idx, sv, sq, r, damping, tol, max_iter):
     """:func:`_cg_1` for every column of ``r`` (``(n, b)``), columns in parallel (for small
     ``b``, where a block of 8 would mostly compute padding)."""
@@ -260,7 +260,7 @@ def _cg_rows(ptr, idx, sv, sq, r, damping, tol, max_iter):
     return out, its.max()
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _cg_batch(ptr, idx, sv, sq, r, damping, tol, max_iter):
     """:func:`_cg_block` over all columns of ``r`` (``(n, b)``), blocks in parallel (blocks
     of ``_BLOCK`` columns, of ``_BLOCK // 2`` for fewer than ``2 * _BLOCK`` columns)."""

@@ -15,7 +15,7 @@ from hipgraph.query.ppr.runtime import _choose_threading_layer
 _METHODS = ("power", "push")
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _row_stats(r2):
     """Per-row sums of ``r2`` plus flags: any NaN, any negative (one pass)."""
     b, n = r2.shape

@@ -15,7 +15,7 @@ from hipgraph.query.ppr.prepare import PPRGraph
 from hipgraph.query.ppr.runtime import _U, _edge_bounds, parallel_launch
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _pull_rows(lo, hi, tptr, tidx, tp, r, x, y, damping, coef):
     """``y[i] = damping * sum_j P[j, i] x[j] + coef * r[i]`` for ``lo <= i < hi``; returns the
     L1 change ``sum |y[i] - x[i]|`` over those rows."""
@@ -30,7 +30,7 @@ def _pull_rows(lo, hi, tptr, tidx, tp, r, x, y, damping, coef):
     return part
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _dangling_coef(dangling, x, damping):
     dm = 0.0
     for t in range(dangling.size):
@@ -38,7 +38,7 @@ def _dangling_coef(dangling, x, damping):
     return damping * dm + (1.0 - damping)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _pull_1(tptr, tidx, tp, dangling, r, x, damping, tol, max_iter):
     """Serial pull power iteration for one vector from the start ``x``; returns
     ``(x, iterations)``.
@@ -59,7 +59,7 @@ def _pull_1(tptr, tidx, tp, dangling, r, x, damping, tol, max_iter):
     return x, it
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _pull_b(tptr, tidx, tp, dangling, bounds, r, rnz, x, damping, tol, max_iter):
     """Pull power iteration on ``(n, b)`` vectors (batch innermost); returns ``(x, its)``.
 

@@ -75,7 +75,7 @@ def to_csr(
     return indptr, cols.astype(np.int32), wsum
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _transpose(indptr, indices, weights, n):
     """CSR of the transpose (rows = in-edges, columns sorted), keeping weights as given."""
     m = indices.size
@@ -97,7 +97,7 @@ def _transpose(indptr, indices, weights, n):
     return tptr, tidx, tw
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _row_sums(indptr, w32):
     n = indptr.size - 1
     out = np.zeros(n)
@@ -109,7 +109,7 @@ def _row_sums(indptr, w32):
     return out
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _in_probs(tptr, tidx, tw, outw):
     """Transition probability of every in-edge ``j -> i``: ``w / out-weight(j)`` as float32."""
     n = tptr.size - 1
@@ -121,7 +121,7 @@ def _in_probs(tptr, tidx, tw, outw):
     return out
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _sym_values(indptr, indices, w32, outw):
     """``w[i, j] / sqrt(out_weight[i] * out_weight[j])`` per CSR entry, as float32 (symmetric
     in ``i, j`` exactly, so the matrix it forms is exactly symmetric)."""

@@ -16,7 +16,7 @@ from hipgraph.query.ppr.runtime import _U, parallel_launch
 _REFINE = 64  # the best estimates refined by one more residual step (top-k accuracy)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _nonzeros(r2, sums):
     """Nonzero entries of every row as CSR ``(ptr, cols, values / row sum)``."""
     b, n = r2.shape
@@ -41,7 +41,7 @@ def _nonzeros(r2, sums):
     return ptr, cols, vals
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _push_row(
     indptr, indices, w, outw, in_ptr, in_idx, in_val, in_outw, seeds, seedw, damping, eps, out
 ):
@@ -155,7 +155,7 @@ def _push_row(
     return pushes
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _heap_push(hv, hi, size, x, v):
     """Insert ``(x, v)`` into the min-heap ``hv[:size]`` / ``hi[:size]``."""
     j = size
@@ -170,7 +170,7 @@ def _heap_push(hv, hi, size, x, v):
     hi[j] = v
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _heap_replace(hv, hi, size, x, v):
     """Replace the minimum of the heap ``hv[:size]`` by ``(x, v)``."""
     j = 0
@@ -189,7 +189,7 @@ def _heap_replace(hv, hi, size, x, v):
     hi[j] = v
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _push_batch(
     indptr, indices, w, outw, in_ptr, in_idx, in_val, in_outw, seed_ptr, seeds, seedw, damping,
     eps, out,

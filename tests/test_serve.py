@@ -159,6 +159,13 @@ def test_bearer_token_and_body_limit(tmp_path):
             assert anonymous.get("/health").status_code == 200  # liveness needs no token
             r = anonymous.post("/v1/retrieve", json={"question": "q"})
             assert r.status_code == 401 and "bearer token" in r.json()["error"]
+            # the docs page, its files and the schema hold no index data: a browser opens them
+            assert anonymous.get("/docs").status_code == 200
+            assert anonymous.get("/docs/assets/swagger-ui.css").status_code == 200
+            schema = anonymous.get("/openapi.json").json()
+            assert schema["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
+            assert schema["security"] == [{"bearer": []}]
+            assert anonymous.get("/docs/assets/../v1/stats").status_code in (401, 404)
         with srv.client(token="x" * len(TOKEN)) as wrong:
             assert wrong.get("/v1/stats").status_code == 401
         with srv.client() as c:
@@ -420,6 +427,47 @@ def test_explorer_page_draws_the_question_subgraph_in_headless_chromium(server, 
 
     assert share((0xE4, 0x57, 0x2E)) > 1e-4  # the retrieved passages' nodes are drawn
     assert share((0x29, 0xA3, 0x29)) > 1e-4  # seed entities and the on-path edges
+
+
+def test_docs_page_renders_the_api_from_the_package_in_headless_chromium(server):
+    import re
+
+    with server.client() as c:
+        page = c.get("/docs")
+        assert page.status_code == 200
+        # every file the page loads comes from this server (no CDN)
+        refs = re.findall(r'(?:src|href|url)\s*[:=]\s*["\']([^"\']+)', page.text)
+        assert refs and all(ref.startswith("/") for ref in refs), refs
+        js = c.get("/docs/assets/swagger-ui-bundle.js")
+        assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+        assert c.get("/docs/assets/package.json").status_code == 404  # only the files named
+        assert "securitySchemes" not in c.get("/openapi.json").text  # no token: none offered
+    browser = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000"]
+    dom = subprocess.run([*browser, "--dump-dom", f"{server.url}/docs"], capture_output=True, text=True,
+                         timeout=120).stdout
+    assert "opblock" in dom and "/v1/retrieve" in dom and "/v1/conversations" in dom, dom[-2000:]
+
+
+MCP_INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}
+MCP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+def test_mcp_over_http_guards_dns_rebinding_on_loopback_and_takes_any_host_behind_a_token(server, tmp_path):
+    with server.client() as c:  # loopback: a page that rebinds a name to 127.0.0.1 is refused
+        ok = c.post("/mcp", json=MCP_INIT, headers=MCP_HEADERS)
+        assert ok.status_code == 200, ok.text
+        rebound = c.post("/mcp", json=MCP_INIT, headers={**MCP_HEADERS, "host": f"evil.example:{server.port}"})
+        assert rebound.status_code in (400, 403, 421), rebound.status_code
+    srv = Server(tmp_path / "ix", "--host", "0.0.0.0", token=TOKEN).start()
+    try:  # off loopback: whatever name clients use, behind the token
+        with srv.client() as c:
+            named = c.post("/mcp", json=MCP_INIT, headers={**MCP_HEADERS, "host": f"hipgraph.internal:{srv.port}"})
+            assert named.status_code == 200, named.text
+        with srv.client(token=None) as anonymous:
+            assert anonymous.post("/mcp", json=MCP_INIT, headers=MCP_HEADERS).status_code == 401
+    finally:
+        assert srv.stop() == 0
 
 
 def test_mcp_tools_over_streamable_http_under_serve(server):

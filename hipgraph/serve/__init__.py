@@ -51,7 +51,7 @@ def serve(db: Path, *, host: str = "127.0.0.1", port: int = 8765, token: str | N
     import hipgraph  # noqa: PLC0415
     from hipgraph.serve.app import ServeConfig, create_app  # noqa: PLC0415
 
-    settings = ServeConfig(token=token, **config)
+    settings = ServeConfig(token=token, loopback=is_loopback(host), **config)
     hg = hipgraph.open(db, create=create, **(open_kwargs or {}))
     try:
         warm_up(hg)  # /health answers once the models are loaded

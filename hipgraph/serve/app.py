@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from hipgraph.config import GeneratorConfig
@@ -33,6 +34,13 @@ from hipgraph.serve.writer import QueueFull, WriteQueue
 logger = logging.getLogger(__name__)
 
 EXPLORER = Path(__file__).with_name("explorer.html")
+# the docs page's Swagger UI (swagger-ui-dist, Apache-2.0, vendored: see swagger_ui/VERSION)
+SWAGGER_UI = Path(__file__).with_name("swagger_ui")
+SWAGGER_FILES = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css",
+                 "favicon-32x32.png": "image/png"}
+DOCS_ASSETS = "/docs/assets/"
+# served without the token: they hold no index data (the schema is the same for every server)
+PUBLIC_PATHS = ("/health", "/", "/docs", "/openapi.json")
 MAX_K = 1000
 MAX_QUESTIONS = 256
 MAX_DOCUMENTS = 10_000
@@ -52,6 +60,7 @@ class ServeConfig:
     vector_save_s: float = 5.0  # FAISS files saved at most this often during writes (0: each write)
     generator: GeneratorConfig = GeneratorConfig()
     mcp: bool = True  # the MCP tools over streamable HTTP at /mcp (when the SDK is installed)
+    loopback: bool = True  # listening on a loopback address only (see _mcp_app)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
@@ -65,6 +74,8 @@ class ServeConfig:
                               f"{self.read_workers}")
         if self.token is not None and len(self.token) < 16:
             raise ConfigError("the bearer token must be at least 16 characters")
+        if not self.loopback and self.token is None:
+            raise ConfigError("serving beyond loopback needs a bearer token")
 
 
 class _Strict(BaseModel):
@@ -184,7 +195,16 @@ def _mcp_app(hg: Any, config: ServeConfig, writer: WriteQueue):
     except ImportError:
         logger.info("the mcp package is not installed: no /mcp endpoint")
         return None
-    return server.streamable_http_app(streamable_http_path="/mcp", max_request_body_size=config.max_body_bytes)
+    if config.loopback:  # the SDK's DNS-rebinding guard: Host and Origin must be localhost
+        return server.streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1",
+                                          max_request_body_size=config.max_body_bytes)
+    # off loopback the Host clients use cannot be known here, and every request needs the
+    # bearer token, which a page rebinding a name to this server cannot send
+    from mcp.server.transport_security import TransportSecuritySettings  # noqa: PLC0415
+
+    return server.streamable_http_app(
+        streamable_http_path="/mcp", max_request_body_size=config.max_body_bytes,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
 
 
 def create_app(hg: Any, config: ServeConfig = ServeConfig(),
@@ -212,7 +232,7 @@ def create_app(hg: Any, config: ServeConfig = ServeConfig(),
         if on_shutdown is not None:
             on_shutdown()
 
-    app = FastAPI(title="hipgraph", version="1", lifespan=lifespan, docs_url="/docs",
+    app = FastAPI(title="hipgraph", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Graph-based retrieval over one index: documents, conversation "
                               "memory, retrieval, answers with citations.")
     app.state.writer = writer
@@ -221,7 +241,8 @@ def create_app(hg: Any, config: ServeConfig = ServeConfig(),
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        if config.token is not None and request.url.path not in ("/health", "/"):
+        if config.token is not None and request.url.path not in PUBLIC_PATHS \
+                and not request.url.path.startswith(DOCS_ASSETS):
             sent = request.headers.get("authorization", "")
             if not hmac.compare_digest(sent.encode(), f"Bearer {config.token}".encode()):
                 return _error(401, "missing or wrong bearer token (Authorization: Bearer ...)")
@@ -317,6 +338,33 @@ def create_app(hg: Any, config: ServeConfig = ServeConfig(),
         if not 1 <= k <= MAX_K or not 1 <= max_nodes <= 1000:
             return _error(422, "k must be in 1..1000 and max_nodes in 1..1000")
         return _json(hg.subgraph(question, k=k, max_nodes=max_nodes))
+
+    if config.token is not None:  # the docs page's "Authorize" button sends it
+        def openapi_with_bearer() -> dict[str, Any]:
+            if app.openapi_schema is None:
+                schema = FastAPI.openapi(app)
+                schema.setdefault("components", {})["securitySchemes"] = {
+                    "bearer": {"type": "http", "scheme": "bearer"}}
+                schema["security"] = [{"bearer": []}]
+            return app.openapi_schema
+        app.openapi = openapi_with_bearer
+
+    @app.get("/docs", include_in_schema=False)
+    def docs():
+        """Swagger UI over /openapi.json, from the files in the package (no CDN)."""
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json", title="hipgraph API",
+            swagger_js_url=f"{DOCS_ASSETS}swagger-ui-bundle.js", swagger_css_url=f"{DOCS_ASSETS}swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}favicon-32x32.png",
+            swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": False})
+
+    @app.get(DOCS_ASSETS + "{name}", include_in_schema=False)
+    def docs_asset(name: str):
+        """One of the vendored Swagger UI files, by exact name."""
+        if name not in SWAGGER_FILES:
+            return _error(404, f"no docs asset {name!r}")
+        return FileResponse(SWAGGER_UI / name, media_type=SWAGGER_FILES[name],
+                            headers={"Cache-Control": "public, max-age=86400"})
 
     @app.get("/", include_in_schema=False)
     def explorer():

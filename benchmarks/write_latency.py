@@ -1,16 +1,24 @@
 """What one remembered session costs the writer while reads are coming (a server's case).
 
-    python benchmarks/write_latency.py --db indexes/musique [--sessions 16] [--rounds 2]
+    python benchmarks/write_latency.py --db indexes/musique [--sessions 16] [--rounds 2] [--compare views|saves]
 
 On fresh copies of the index, one handle answers a retrieval before each write (so the write
 builds the next read view, as in ``hipgraph serve``) and adds one 4-turn session
 (``add_conversation``, the sessions of ``benchmarks/serve_load.py``). Two settings, alternated
-``--rounds`` times in the same run so the machine's drift falls on both: FAISS files saved at the
-end of every write (the library's default) and saved at most every 5 s (``save_vectors_every(5)``,
-the server's setting). Printed per setting (medians over the rounds' sessions, the first two of
-each round left out as warm-up): the write's wall time, the CPU time of the writing thread
-(extraction runs on a worker thread and is not in it), and the part spent building the next
-read view before the commit. The ratio row is deferred over saving at every write.
+``--rounds`` times in the same run so the machine's drift falls on both:
+
+- ``--compare views`` (default): the next read view derived from the previous one and the ids
+  the write touched (``hipgraph/query/view_delta.py``, the default) against re-read whole from
+  DuckDB (the derivation switched off in this process), both with the server's FAISS saves
+  (at most every 5 s);
+- ``--compare saves``: FAISS files saved at the end of every write (the library's default)
+  against at most every 5 s (``save_vectors_every(5)``, the server's setting).
+
+Printed per setting (medians over the rounds' sessions, the first two of each round left out as
+warm-up): the write's wall time, the CPU time of the writing thread (extraction runs on a worker
+thread and is not in it), and the part spent building the next read view before the commit.
+An index built by ``benchmarks/scale.py --synthetic`` (pattern extractor, hashing embedder) is
+opened with that extractor registered.
 """
 
 from __future__ import annotations
@@ -33,11 +41,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import session  # noqa: E402
 
 import hipgraph  # noqa: E402
+from hipgraph import registry  # noqa: E402
+from hipgraph.query import view as view_module  # noqa: E402
+from hipgraph.query import view_delta  # noqa: E402
+
+# indexes of benchmarks/scale.py --synthetic name its pattern extractor
+registry.register("extractor", "pattern", "scale:PatternExtractor")
 
 QUESTIONS = ["Who founded the company that made the iPhone?", "What did Ana plant in the garden?"]
 
 
-def one_round(db: Path, sessions: int, save_every: float) -> dict[str, list[float]]:
+def one_round(db: Path, sessions: int, save_every: float, derive: bool = True) -> dict[str, list[float]]:
+    view_module.derived_parts = view_delta.derived_parts if derive else (lambda *_: {})
     with hipgraph.open(db) as hg:
         hg.save_vectors_every(save_every)
         hg.retrieve_many(QUESTIONS, k=5)
@@ -68,16 +83,20 @@ def main() -> int:
     parser.add_argument("--db", required=True, type=Path)
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--compare", choices=("views", "saves"), default="views")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    settings = {"save at every write": 0.0, "save every 5 s": 5.0}
+    if args.compare == "views":
+        settings = {"view re-read whole": (5.0, False), "view derived": (5.0, True)}
+    else:
+        settings = {"save at every write": (0.0, True), "save every 5 s": (5.0, True)}
     got: dict[str, dict[str, list[float]]] = {name: {} for name in settings}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for name, every in settings.items():
-                copy = Path(tmp) / f"r{r}-{every:g}"
+            for i, (name, (every, derive)) in enumerate(settings.items()):
+                copy = Path(tmp) / f"r{r}-{i}"
                 shutil.copytree(args.db, copy, ignore=shutil.ignore_patterns("*.lock"))
-                for key, values in one_round(copy, args.sessions, every).items():
+                for key, values in one_round(copy, args.sessions, every, derive).items():
                     got[name].setdefault(key, []).extend(values)
                 shutil.rmtree(copy)
     out = {name: {key: round(statistics.median(v), 1) for key, v in parts.items()} for name, parts in got.items()}
@@ -88,8 +107,9 @@ def main() -> int:
     print(f"{'setting':22s} {'wall p50 ms':>12s} {'writer cpu ms':>14s} {'next view ms':>13s}")
     for name, row in out.items():
         print(f"{name:22s} {row['wall_ms']:12.1f} {row['cpu_ms']:14.1f} {row['next_view_ms']:13.1f}")
-    a, b = out["save at every write"], out["save every 5 s"]
-    print(f"{'ratio (5 s / every)':22s} {b['wall_ms'] / a['wall_ms']:12.2f} {b['cpu_ms'] / a['cpu_ms']:14.2f} "
+    a, b = out.values()
+    label = "ratio (" + " / ".join(reversed(list(out))) + ")"
+    print(f"{label[:22]:22s} {b['wall_ms'] / a['wall_ms']:12.2f} {b['cpu_ms'] / a['cpu_ms']:14.2f} "
           f"{b['next_view_ms'] / a['next_view_ms']:13.2f}")
     return 0
 

@@ -237,3 +237,34 @@ def test_splice_equals_a_rebuild_on_random_graphs(seed):
                                  n_old, *f)
     for x, y, name in zip(got, want, ("indptr", "indices", "weights"), strict=True):
         assert np.array_equal(x, y), name
+
+
+def test_views_left_lazy_by_writes_without_reads_are_derived_on_the_next_read(inline_index, monkeypatch):
+    """Writes while no reads come leave views lazy; the first read after them derives the view
+    from the last one through the changes of all those writes (not from every row)."""
+    from hipgraph.query import view as view_module
+
+    hg = inline_index
+    hg.add_documents([{"id": "warm", "title": "Warm", "text": "The first write loads the extractor."}])
+    _read(hg)
+    builds = FullBuilds(monkeypatch)
+    monkeypatch.setattr(view_module, "WARM_AFTER_READ_S", -1.0)  # the last read is "too long ago"
+    old = hg.retriever.views._view
+    hg.add_documents([{"id": "zorblax", "title": "Zorblax Institute",
+                       "text": "The Zorblax Institute was founded by Mira Quell in 1931 in Tallinn."}])
+    hg.add_conversation(_conversation(_session(1), _session(2)))
+    hg.delete_documents(["warm"])
+    assert hg.retriever.views._view is old  # nothing built meanwhile
+    _read(hg, "Who founded the Zorblax Institute?")
+    assert builds.calls == 0, "the read re-read the whole graph"
+    assert_view_is_a_full_build(hg)
+    # a write that does not itemise its changes breaks the chain: the next view is built whole
+    _read(hg)
+    with hg.store.writing(), hg.store.transaction():
+        hg.store.con.execute("UPDATE edges SET weight = weight + 1 WHERE type = 'fact'")
+        hg.store.bump_generation()
+    hg.add_documents([{"id": "later", "title": "Later", "text": "Mira Quell moved to Riga in 1950."}])
+    before = builds.calls
+    _read(hg)
+    assert builds.calls == before + 1
+    assert_view_is_a_full_build(hg)

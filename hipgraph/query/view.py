@@ -56,6 +56,28 @@ class ReadView:
         self._parts: dict[Any, Any] = {}
         self._locks: dict[Any, threading.Lock] = {}
         self._guard = threading.Lock()
+        # (the previous view's parts, the changes since it): parts derived on first use
+        self._derive_from: tuple[dict[Any, Any], GraphChanges] | None = None
+
+    def derive_from(self, parts: dict[Any, Any], changes: GraphChanges) -> None:
+        """Build this view's parts, when first asked for, from ``parts`` (a previous view's)
+        and the ``changes`` made since it (:func:`view_delta.derived_parts`), not from every row."""
+        self._derive_from = (parts, changes)
+
+    def _derive(self) -> None:
+        with self._guard:
+            lock = self._locks.setdefault("derive", threading.Lock())
+        with lock:
+            source = self._derive_from
+            if source is None:
+                return
+            try:
+                for key, part in derived_parts(source[0], self.store, source[1], self.generation).items():
+                    self._parts.setdefault(key, part)
+            except Exception as exc:  # noqa: BLE001 - the parts are then built from every row
+                logger.warning("deriving the read view of generation %d failed (%s); building it "
+                               "from the stored rows", self.generation, exc)
+            self._derive_from = None
 
     def _once(self, key: Any, build: Callable[[], T]) -> T:
         """The part ``key``, built by the first thread that asks (the others wait for it)."""
@@ -63,6 +85,10 @@ class ReadView:
             return self._parts[key]
         except KeyError:
             pass
+        if self._derive_from is not None and key in DERIVED_PARTS:
+            self._derive()
+            if key in self._parts:
+                return self._parts[key]
         with self._guard:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
@@ -253,6 +279,9 @@ def memory_units(rows: Iterable[tuple[int, int, int, str, dict[str, Any]]]
     return records, times
 
 
+# the parts view_delta.derived_parts may give
+DERIVED_PARTS = frozenset({"snapshot", "passage_count", "names", "unit_rows", "units", "turns",
+                           "turn_vector_cache"})
 # the parts a write builds for the next view, when readers used them in the current one (not the
 # fingerprint: it stamps the disk caches, which a view built by a write does not use)
 _WARMED_PARTS = {
@@ -262,7 +291,8 @@ _WARMED_PARTS = {
     "fact_times": ReadView.fact_times, "replaced": ReadView.has_replaced_facts,
     "turn_bm25": ReadView.turn_bm25, "bm25": ReadView.bm25,
 }
-WARM_AFTER_READ_S = 5.0  # a write warms the next view only while reads have been coming
+WARM_AFTER_READ_S = 5.0
+MAX_RECORDED_IDS = 1_000_000  # past this many ids touched since the current view, rebuild whole  # a write warms the next view only while reads have been coming
 
 
 class Views:
@@ -281,6 +311,11 @@ class Views:
         self._view: ReadView | None = None
         self._lock = threading.Lock()
         self._last_read = 0.0
+        # the changes committed since the current view's generation, up to _since_gen (None:
+        # not known, e.g. a write that did not itemise them): a view built lazily for a later
+        # generation derives its parts from the current one's through them
+        self._since: GraphChanges | None = None
+        self._since_gen = -1
         store.add_publisher(self.prepare_next)
 
     def current(self) -> ReadView:
@@ -291,8 +326,14 @@ class Views:
         if view is not None and view.generation == generation:
             return view
         with self._lock:
-            if self._view is None or self._view.generation != generation:
+            old = self._view
+            if old is None or old.generation != generation:
                 self._view = ReadView(self.store, self.vectors, generation)
+                if old is not None and self._since is not None and self._since_gen == generation:
+                    # in memory, like a view a write built (the disk caches are written at close)
+                    self._view.persist = False
+                    self._view.derive_from(dict(old._parts), self._since)
+                self._since, self._since_gen = GraphChanges(itemised=True), generation
             return self._view
 
     def built_names(self) -> EntityNames | None:
@@ -307,16 +348,18 @@ class Views:
         When the current view is the generation just before and the write itemised its
         ``changes``, parts are derived from the current ones (:mod:`view_delta`), not re-read."""
         view = self._view
-        if view is None or time.monotonic() - self._last_read > WARM_AFTER_READ_S:
-            return None
         generation = self.store.generation  # the transaction's own
-        if generation == view.generation:
+        if view is None or generation == view.generation:
             return None
+        if time.monotonic() - self._last_read > WARM_AFTER_READ_S:
+            return lambda: self._record(changes, generation)  # after the commit: views stay lazy
         # in memory only: writing the snapshot files for every write would cost the writer a
         # save per commit; save_caches writes the last one when the index closes
         nxt = ReadView(self.store, self.vectors, generation, persist=False)
-        if generation == view.generation + 1:
-            nxt._parts.update(derived_parts(dict(view._parts), self.store, changes, generation))
+        with self._lock:  # writes since the view that stayed lazy, then this one
+            since = self._since if self._since_gen == generation - 1 else None
+        if since is not None:
+            nxt._parts.update(derived_parts(dict(view._parts), self.store, since.merged(changes), generation))
         for key in list(view._parts):
             name, args = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
             build = _WARMED_PARTS.get(name)
@@ -327,7 +370,19 @@ class Views:
             with self._lock:
                 if self.store.generation == nxt.generation:
                     self._view = nxt
+                    self._since, self._since_gen = GraphChanges(itemised=True), nxt.generation
         return publish
+
+    def _record(self, changes: GraphChanges, generation: int) -> None:
+        """Add a committed write's ``changes`` (it made ``generation``) to those since the
+        current view (they stop being known at a gap or past a size where rebuilding is cheaper)."""
+        with self._lock:
+            if self._since is None or self._since_gen != generation - 1:
+                self._since = None
+                return
+            merged = self._since.merged(changes)
+            self._since = merged if merged.itemised and merged.size() <= MAX_RECORDED_IDS else None
+            self._since_gen = generation
 
     def save_caches(self) -> None:
         """Write the current view's graph snapshot and BM25 indexes to the disk caches when the

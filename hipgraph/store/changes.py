@@ -78,3 +78,11 @@ class GraphChanges:
     def size(self) -> int:
         """How many ids the record holds (a view rebuilds whole when this is a large part of it)."""
         return len(self.passages) + len(self.entities) + len(self.labels) + len(self.facts) + len(self.pairs)
+
+    def merged(self, later: GraphChanges) -> GraphChanges:
+        """The changes of this transaction followed by ``later`` (ids are never reused, so a
+        union says what the two touched; itemised when both were)."""
+        return GraphChanges(self.passages | later.passages, self.gone_passages | later.gone_passages,
+                            self.entities | later.entities, self.gone_entities | later.gone_entities,
+                            self.labels | later.labels, self.facts | later.facts,
+                            self.pairs | later.pairs, self.itemised and later.itemised)

@@ -12,6 +12,7 @@ from conftest import MULTIHOP_QUESTION, index_config
 from hipgraph.config import SynonymConfig
 from hipgraph.query import snapshot_delta
 from hipgraph.query.ppr import to_csr
+from hipgraph.query.turns import MemoryTurns
 from hipgraph.query.view import ReadView
 from hipgraph.store import reads
 from hipgraph.types import LearnedFact
@@ -50,21 +51,33 @@ def assert_view_is_a_full_build(hg) -> None:
             assert getattr(got, field) == getattr(want, field), field
         assert np.array_equal(got.unit, want.unit) and np.array_equal(got.position, want.position)
         assert nxt.passage_count() == fresh.passage_count()
+        for key in [k for k in nxt._parts if isinstance(k, tuple) and k[0] == "turn_bm25"]:
+            questions = ["Where did Ana go with Marta?", "azulejos cheese market", "dog Lince"]
+            assert np.array_equal(nxt._parts[key].scores_all(questions),
+                                  fresh.turn_bm25(*key[1:]).scores_all(questions)), key
 
 
 class FullBuilds:
-    """Counts reads of every row of the graph (a whole snapshot build) during writes; writes on
+    """Counts whole builds (every row of the graph read, the turns' BM25 built over every turn)
+    during writes; writes on
     these small indexes touch a large share of the graph, so splicing is forced on."""
 
     def __init__(self, monkeypatch):
         monkeypatch.setattr(snapshot_delta, "REBUILD_SHARE", float("inf"))
         self.calls = 0
+        self.bm25_calls = 0
         original = reads.snapshot_columns
+        original_bm25 = MemoryTurns.bm25
 
         def counted(store):
             self.calls += 1
             return original(store)
+
+        def counted_bm25(turns, k1, b):  # the turns' BM25 built over every turn
+            self.bm25_calls += 1
+            return original_bm25(turns, k1, b)
         monkeypatch.setattr(reads, "snapshot_columns", counted)
+        monkeypatch.setattr(MemoryTurns, "bm25", counted_bm25)
 
 
 def _read(hg, question: str = MULTIHOP_QUESTION) -> None:
@@ -74,6 +87,7 @@ def _read(hg, question: str = MULTIHOP_QUESTION) -> None:
         view = hg.retriever.views.current()
         view.memory_units()
         view.memory_turns()
+        view.turn_bm25(1.5, 0.75)
 
 
 def test_every_kind_of_write_derives_a_view_equal_to_a_full_build(inline_index, monkeypatch):
@@ -121,10 +135,12 @@ def test_every_kind_of_write_derives_a_view_equal_to_a_full_build(inline_index, 
     ]
 
     labels = []
-    for step in steps:
-        before = builds.calls
+    removes_turns = {6, 8}  # a replaced and a deleted session: turn rows renumber, BM25 rebuilt
+    for n, step in enumerate(steps):
+        before, bm25_before = builds.calls, builds.bm25_calls
         step()
-        assert builds.calls == before, f"step {steps.index(step)} re-read the whole graph"
+        assert builds.calls == before, f"step {n} re-read the whole graph"
+        assert (builds.bm25_calls == bm25_before) == (n not in removes_turns), f"step {n}"
         assert_view_is_a_full_build(hg)
         _read(hg, "Where did Ana go with Marta?")
         labels.append(hg.retriever.views._view.entity_names().label_by_id.get(

@@ -97,10 +97,12 @@ class MemoryTurns:
         return out
 
     def bm25(self, k1: float, b: float):
-        """A BM25 index over the turn lines (ids are row numbers); the read view keeps it."""
-        from hipgraph.query.bm25 import BM25Config, BM25Index  # noqa: PLC0415
+        """A BM25 index over the turn lines (text ``i`` is row ``i``); the read view keeps it, and
+        the next view extends it with the turns a write appended (:class:`LiveBM25`)."""
+        from hipgraph.query.bm25 import BM25Config  # noqa: PLC0415
+        from hipgraph.query.bm25_live import LiveBM25  # noqa: PLC0415
 
-        return BM25Index.build(np.arange(len(self.ids), dtype=np.int64), self.texts, BM25Config(k1=k1, b=b))
+        return LiveBM25.build(self.texts, BM25Config(k1=k1, b=b))
 
     def rows_of(self, pid: int) -> range:
         first, end = self.by_unit.get(pid, (0, 0))

@@ -85,7 +85,7 @@ class ReadView:
             return self._parts[key]
         except KeyError:
             pass
-        if self._derive_from is not None and key in DERIVED_PARTS:
+        if self._derive_from is not None and (key[0] if isinstance(key, tuple) else key) in DERIVED_PARTS:
             self._derive()
             if key in self._parts:
                 return self._parts[key]
@@ -281,7 +281,7 @@ def memory_units(rows: Iterable[tuple[int, int, int, str, dict[str, Any]]]
 
 # the parts view_delta.derived_parts may give
 DERIVED_PARTS = frozenset({"snapshot", "passage_count", "names", "unit_rows", "units", "turns",
-                           "turn_vector_cache"})
+                           "turn_vector_cache", "turn_bm25"})
 # the parts a write builds for the next view, when readers used them in the current one (not the
 # fingerprint: it stamps the disk caches, which a view built by a write does not use)
 _WARMED_PARTS = {

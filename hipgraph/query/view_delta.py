@@ -3,7 +3,8 @@
 When a write builds the next generation's view (:meth:`Views.prepare_next`), the parts readers
 used are not re-read whole: the graph snapshot is spliced (:mod:`hipgraph.query.snapshot_delta`),
 entity names re-read only for the entities the write touched, and the memory units and turns
-take the write's new conversation units (dropping its removed ones). What cannot be derived
+take the write's new conversation units (dropping its removed ones) and the turns' BM25 their
+turns (:class:`~hipgraph.query.bm25_live.LiveBM25`). What cannot be derived
 (no itemised record, too large a change) is left to the usual full build. Each derived part
 equals the part built from all the rows; ``tests/test_snapshot_delta.py`` checks that.
 """
@@ -57,6 +58,10 @@ def derived_parts(parts: dict[Any, Any], store, changes: GraphChanges, generatio
         turns = parts.get("turns")
         if turns is not None and ascending and not removed:  # turn rows keep their numbers
             out["turns"] = turns.extended(added)
+            new_texts = out["turns"].texts[len(turns):]
+            for key, bm25 in parts.items():
+                if isinstance(key, tuple) and key[0] == "turn_bm25":
+                    out[key] = bm25.extended(new_texts)
         cache = parts.get("turn_vector_cache")
         if cache is not None:  # stored turn vectors of units still held do not change
             out["turn_vector_cache"] = {u: v for u, v in cache.items() if u not in touched}

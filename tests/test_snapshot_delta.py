@@ -284,3 +284,27 @@ def test_views_left_lazy_by_writes_without_reads_are_derived_on_the_next_read(in
     _read(hg)
     assert builds.calls == before + 1
     assert_view_is_a_full_build(hg)
+
+
+def test_closing_saves_a_snapshot_derived_by_a_read(inline_index, monkeypatch):
+    from hipgraph.query import snapshot as snapshot_module
+    from hipgraph.query import view as view_module
+
+    hg = inline_index
+    _read(hg)
+    monkeypatch.setattr(view_module, "WARM_AFTER_READ_S", -1.0)
+    hg.add_documents([{"id": "zorblax", "title": "Zorblax Institute",
+                       "text": "The Zorblax Institute was founded by Mira Quell in 1931 in Tallinn."}])
+    _read(hg)
+    view = hg.retriever.views._view
+    assert "snapshot" in view.derived and view.persist
+    with hg.store.lock.shared():
+        fingerprint = reads.content_fingerprint(hg.store)
+    folder = snapshot_module.cache_dir(hg.path)
+    assert snapshot_module.load_snapshot(folder, view.generation, fingerprint) is None
+    built = view.snapshot()
+    hg.close()
+    saved = snapshot_module.load_snapshot(folder, view.generation, fingerprint)
+    assert saved is not None
+    for name in ARRAYS:
+        assert np.array_equal(getattr(saved, name), getattr(built, name)), name

@@ -58,6 +58,7 @@ class ReadView:
         self._guard = threading.Lock()
         # (the previous view's parts, the changes since it): parts derived on first use
         self._derive_from: tuple[dict[Any, Any], GraphChanges] | None = None
+        self.derived: set[Any] = set()  # parts derived that way (kept in memory: see save_caches)
 
     def derive_from(self, parts: dict[Any, Any], changes: GraphChanges) -> None:
         """Build this view's parts, when first asked for, from ``parts`` (a previous view's)
@@ -73,7 +74,9 @@ class ReadView:
                 return
             try:
                 for key, part in derived_parts(source[0], self.store, source[1], self.generation).items():
-                    self._parts.setdefault(key, part)
+                    if key not in self._parts:
+                        self._parts[key] = part
+                        self.derived.add(key)
             except Exception as exc:  # noqa: BLE001 - the parts are then built from every row
                 logger.warning("deriving the read view of generation %d failed (%s); building it "
                                "from the stored rows", self.generation, exc)
@@ -330,8 +333,7 @@ class Views:
             if old is None or old.generation != generation:
                 self._view = ReadView(self.store, self.vectors, generation)
                 if old is not None and self._since is not None and self._since_gen == generation:
-                    # in memory, like a view a write built (the disk caches are written at close)
-                    self._view.persist = False
+                    # a derived snapshot stays in memory (written to the disk cache at close)
                     self._view.derive_from(dict(old._parts), self._since)
                 self._since, self._since_gen = GraphChanges(itemised=True), generation
             return self._view
@@ -386,17 +388,20 @@ class Views:
 
     def save_caches(self) -> None:
         """Write the current view's graph snapshot and BM25 indexes to the disk caches when the
-        view was built in memory by a write (:meth:`prepare_next`), so the next open loads them
-        instead of rebuilding them (call with ``store.lock`` held shared)."""
+        view was built in memory by a write (:meth:`prepare_next`), and its snapshot when it was
+        derived from an earlier view's, so the next open loads them instead of rebuilding them
+        (call with ``store.lock`` held shared)."""
         view = self._view
-        if view is None or view.persist or self.store.read_only or view.generation != self.store.generation:
+        if view is None or self.store.read_only or view.generation != self.store.generation:
             return
-        if "snapshot" in view._parts:
+        if "snapshot" in view._parts and (not view.persist or "snapshot" in view.derived):
             folder = cache_dir(self.store.root)
             try:
                 save_snapshot(view.snapshot(), folder, view.fingerprint())
             except OSError as exc:
                 logger.warning("cannot write graph cache %s (%s)", folder, exc)
+        if view.persist:  # its BM25 indexes were saved as they were built
+            return
         for key, part in list(view._parts.items()):
             if isinstance(key, tuple) and key[0] == "bm25":
                 view.save_bm25(part)

@@ -510,6 +510,39 @@ def test_faiss_layouts_search_and_round_trip(tmp_path, kind, encoding):
             loaded.remove(ids[:10])
 
 
+@pytest.mark.parametrize("encoding", ["sq8", "flat"])
+def test_range_search_with_the_candidate_margin_finds_every_vector_at_the_threshold(encoding):
+    # synonym candidates: every stored vector whose exact cosine to the query is >= 0.8, even
+    # when its SQ8 code scores it lower (update_synonyms searches thr - candidate_margin)
+    d, n, thr = 64, 600, 0.8
+    rng = np.random.default_rng(3)
+    stored = _unit(n, d, seed=2)
+    noise = rng.standard_normal((n, d)).astype(np.float32)
+    noise -= (noise * stored).sum(axis=1, keepdims=True) * stored  # orthogonal to each stored row
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    cos = rng.uniform(thr, thr + 0.003, n).astype(np.float32)  # just above the threshold
+    queries = cos[:, None] * stored + np.sqrt(1 - cos**2)[:, None] * noise
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    exact = (queries.astype(np.float64) * stored.astype(np.float64)).sum(axis=1)
+    planted = exact >= thr
+    assert planted.sum() > 500
+    config = VectorIndexConfig(kind="ivf", ivf_nlist=4, ivf_nprobe=4, min_train_size=100,
+                               ivf_encoding=encoding, use_gpu="never")
+    index = FaissVectorIndex(d, config)
+    index.build(np.arange(n, dtype=np.int64), stored)
+    assert index.layout == "ivf"  # every list probed: only the codes' scores differ from exact
+
+    def found(margin: float) -> np.ndarray:
+        hits = index.range_search(queries, thr - margin)
+        return np.array([i in ids.tolist() for i, (ids, _) in enumerate(hits)])
+
+    assert found(index.candidate_margin)[planted].all()
+    if encoding == "sq8":  # the float32 margin is too narrow for one-byte codes
+        assert index.candidate_margin > 1e-3 and not found(1e-4)[planted].all()
+    else:
+        assert index.candidate_margin == 1e-4
+
+
 def test_empty_index_search():
     index = FaissVectorIndex(8, VectorIndexConfig(use_gpu="never"))
     scores, ids = index.search(np.ones((2, 8), np.float32), 3)

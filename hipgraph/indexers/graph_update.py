@@ -180,8 +180,9 @@ def add_mention_edges(store: GraphStore, passage_ids: np.ndarray, entity_ids: np
     })
 
 
-# FAISS finds synonym candidates down to this far below the threshold (its float32 scores differ
-# from the exact cosine by ~1e-7); each candidate is then decided by :func:`exact_cosines`
+# numpy's float32 products find synonym candidates down to this far below the threshold (they
+# differ from the exact cosine by ~1e-7), FAISS down to its index's ``candidate_margin`` (wider for
+# SQ8 codes); each candidate is then decided by :func:`exact_cosines`
 CANDIDATE_MARGIN = 1e-4
 
 
@@ -269,7 +270,7 @@ def update_synonyms(
     a quadratic recomputation.
     """
     thr, cap = config.threshold, config.max_neighbors
-    search = thr - CANDIDATE_MARGIN
+    search = thr - max(CANDIDATE_MARGIN, entity_index.candidate_margin)  # FAISS candidates
     new_vectors = np.ascontiguousarray(new_vectors, np.float32)  # as stored
     removed_vectors = np.ascontiguousarray(removed_vectors, np.float32)
     con = store.con
@@ -321,7 +322,7 @@ def update_synonyms(
         for b, c, score in _similar_pairs(store, down_list, down_vectors, found, thr, removed_set):
             pairs[(min(b, c), max(b, c))] = score
         if new_list:
-            rows, cols = np.nonzero(down_vectors @ new_vectors.T >= search)
+            rows, cols = np.nonzero(down_vectors @ new_vectors.T >= thr - CANDIDATE_MARGIN)
             similar, scores = exact_cosines(down_vectors[rows], new_vectors[cols], thr)
             for r, j, s, keep in zip(rows.tolist(), cols.tolist(), scores.tolist(), similar.tolist(),
                                      strict=True):

@@ -1,0 +1,92 @@
+"""Where a growing build's time goes: per-step timers over a synthetic build (scale.py's corpus).
+
+    python benchmarks/build_steps.py [--size 100000] [--batch-size 4096] [--out /tmp/hipgraph-steps]
+
+Builds one index of ``scale.py --synthetic`` (pattern extractor, hashing embedder) in this process
+with timers around the write path's steps (SQL routines of ``indexers/graph_update.py``, the
+indexer's lookups, DuckDB inserts, the FAISS update after each commit) and prints, per step, its
+total, its calls, and its mean per call over the first and the last quarter of the calls: a step
+whose last-quarter mean is well above its first-quarter mean grows with the index (a batch costs
+more as the index gets larger), which is what makes a build superlinear. Timers are wall time
+on the writing thread, which shares the cores (and the GIL) with extraction and embedding of the
+next batch, so compare steps within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import scale  # noqa: E402
+
+import hipgraph  # noqa: E402
+from hipgraph import registry  # noqa: E402
+from hipgraph.config import EmbedderConfig, ExtractorConfig, IndexConfig  # noqa: E402
+from hipgraph.indexers import graph_update, pipeline  # noqa: E402
+from hipgraph.store import database, vector_set  # noqa: E402
+
+TIMES: dict[str, list[float]] = collections.defaultdict(list)
+STEPS = [
+    (graph_update, ("refresh_surface_forms", "refresh_entities", "add_fact_edge_counts", "add_mention_edges",
+                    "update_synonyms", "collect_orphans", "delete_document_rows")),
+    (pipeline, ("refresh_surface_forms", "refresh_entities", "add_fact_edge_counts", "add_mention_edges",
+                "update_synonyms", "collect_orphans", "delete_document_rows")),
+    (pipeline.Indexer, ("_existing", "_resolve_existing", "_write")),
+    (vector_set.VectorSet, ("apply",)),
+    (database.GraphStore, ("insert", "write_vectors", "allocate_ids", "bump_generation")),
+]
+
+
+def timed(owner, name: str) -> None:
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            TIMES[name].append(time.perf_counter() - t0)
+
+    setattr(owner, name, wrapper)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=100_000)
+    parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/hipgraph-steps"))
+    args = parser.parse_args()
+    registry.register("extractor", "pattern", "scale:PatternExtractor")
+    for owner, names in STEPS:
+        for name in names:
+            timed(owner, name)
+    docs, _ = scale.synthetic_corpus(args.size)
+    config = IndexConfig(extractor=ExtractorConfig(name="pattern"), embedder=EmbedderConfig(name="hashing"))
+    shutil.rmtree(args.out, ignore_errors=True)
+    t0 = time.perf_counter()
+    with hipgraph.open(args.out, create=True, config=config) as hg:
+        report = hg.add_documents(docs, batch_size=args.batch_size)
+    print(f"{args.size} passages (synthetic vectors and extractions), batches of {args.batch_size}: "
+          f"build {time.perf_counter() - t0:.1f} s; stages {({k: round(v, 1) for k, v in report.seconds.items()})}")
+    print(f"{'step':24s} {'total s':>8s} {'calls':>6s} {'first-quarter ms':>17s} {'last-quarter ms':>16s}")
+    for name, values in sorted(TIMES.items(), key=lambda kv: -sum(kv[1])):
+        q = max(1, len(values) // 4)
+        print(f"{name:24s} {sum(values):8.2f} {len(values):6d} {1000 * sum(values[:q]) / q:17.1f} "
+              f"{1000 * sum(values[-q:]) / q:16.1f}")
+    shutil.rmtree(args.out, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

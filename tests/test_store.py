@@ -511,7 +511,7 @@ def test_faiss_layouts_search_and_round_trip(tmp_path, kind, encoding):
 
 
 @pytest.mark.parametrize("encoding", ["sq8", "flat"])
-def test_range_search_with_the_candidate_margin_finds_every_vector_at_the_threshold(encoding):
+def test_range_search_with_the_candidate_margin_finds_every_vector_at_the_threshold(tmp_path, encoding):
     # synonym candidates: every stored vector whose exact cosine to the query is >= 0.8, even
     # when its SQ8 code scores it lower (update_synonyms searches thr - candidate_margin)
     d, n, thr = 64, 600, 0.8
@@ -537,6 +537,10 @@ def test_range_search_with_the_candidate_margin_finds_every_vector_at_the_thresh
         return np.array([i in ids.tolist() for i, (ids, _) in enumerate(hits)])
 
     assert found(index.candidate_margin)[planted].all()
+    loaded = tmp_path / "ivf.faiss"  # a file keeps its codes' margin under another session's config
+    index.save(loaded)
+    other = VectorIndexConfig(kind="ivf", ivf_encoding="flat" if encoding == "sq8" else "sq8", use_gpu="never")
+    assert FaissVectorIndex.load(loaded, d, other).candidate_margin == index.candidate_margin
     if encoding == "sq8":  # the float32 margin is too narrow for one-byte codes
         assert index.candidate_margin > 1e-3 and not found(1e-4)[planted].all()
     else:

@@ -101,7 +101,7 @@ class FaissVectorIndex:
         (flat, HNSW, IVF with float lists) are within ~1e-7, scalar-quantized (SQ8) codes move it
         by up to a few thousandths, so a range search meant to find every vector at or above a
         threshold asks for this much less (the caller decides each candidate exactly)."""
-        if self.layout == "ivf" and self.config.ivf_encoding == "sq8":
+        if isinstance(self._inner, self._faiss.IndexIVFScalarQuantizer):  # as built, not as configured
             return SQ8_CANDIDATE_MARGIN
         return FLOAT_CANDIDATE_MARGIN
 

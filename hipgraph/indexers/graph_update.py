@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from hipgraph.config import SynonymConfig
 from hipgraph.store.database import GraphStore
-from hipgraph.store.vectors import FaissVectorIndex
+from hipgraph.store.vectors import FLOAT_CANDIDATE_MARGIN, FaissVectorIndex
 
 
 @dataclass
@@ -181,9 +181,9 @@ def add_mention_edges(store: GraphStore, passage_ids: np.ndarray, entity_ids: np
 
 
 # numpy's float32 products find synonym candidates down to this far below the threshold (they
-# differ from the exact cosine by ~1e-7), FAISS down to its index's ``candidate_margin`` (wider for
-# SQ8 codes); each candidate is then decided by :func:`exact_cosines`
-CANDIDATE_MARGIN = 1e-4
+# differ from the exact cosine by ~1e-7), FAISS down to its index's ``candidate_margin`` (the same
+# for float vectors, wider for SQ8 codes); each candidate is then decided by :func:`exact_cosines`
+CANDIDATE_MARGIN = FLOAT_CANDIDATE_MARGIN
 
 
 def exact_cosines(left: np.ndarray, right: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
@@ -270,7 +270,7 @@ def update_synonyms(
     a quadratic recomputation.
     """
     thr, cap = config.threshold, config.max_neighbors
-    search = thr - max(CANDIDATE_MARGIN, entity_index.candidate_margin)  # FAISS candidates
+    search = thr - entity_index.candidate_margin  # FAISS candidates
     new_vectors = np.ascontiguousarray(new_vectors, np.float32)  # as stored
     removed_vectors = np.ascontiguousarray(removed_vectors, np.float32)
     con = store.con

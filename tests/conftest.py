@@ -564,6 +564,16 @@ def check_consistency(hg: hipgraph.HipGraph, *, synonyms: bool = True) -> None:
     expected = _rows(con, """SELECT entity_id, list(DISTINCT surface ORDER BY surface) FROM mentions
                              GROUP BY entity_id ORDER BY entity_id""")
     assert forms == expected
+    counts = _rows(con, "SELECT entity_id, surface, label, cnt FROM surface_counts ORDER BY ALL")
+    expected = _rows(con, "SELECT entity_id, surface, label, count(*) FROM mentions GROUP BY ALL ORDER BY ALL")
+    assert counts == expected, "surface_counts do not match mentions"
+    labels = _rows(con, "SELECT id, label FROM entities ORDER BY id")
+    expected = _rows(con, """
+        SELECT e.id, (SELECT arg_max(label, cnt ORDER BY cnt, label DESC) FILTER (WHERE label IS NOT NULL)
+                      FROM (SELECT surface, label, count(*) AS cnt FROM mentions m
+                            WHERE m.entity_id = e.id GROUP BY ALL))
+        FROM entities e ORDER BY e.id""")
+    assert labels == expected, "entity labels are not their most frequent mention label"
     _check_turn_vectors(con)
 
 

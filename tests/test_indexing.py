@@ -372,6 +372,23 @@ def test_delete_removes_orphans_and_their_vectors_but_keeps_shared_entities(make
     check_consistency(hg)
 
 
+def test_an_index_written_before_surface_counts_gets_them_on_its_first_writable_open(
+        inline_index, inline_docs):
+    hg = inline_index
+    path = hg.path
+    expected = hg.store.con.execute("SELECT * FROM surface_counts ORDER BY ALL").fetchall()
+    assert expected and max(r[3] for r in expected) > 1
+    hg.store.con.execute("DROP TABLE surface_counts")  # as an index written before the table
+    hg.close()
+    with hipgraph.open(path, read_only=True) as old:  # readers do not need it
+        assert old.retrieve("Who edits Nature Physics?", k=2)
+    with hipgraph.open(path) as hg:
+        assert hg.store.con.execute("SELECT * FROM surface_counts ORDER BY ALL").fetchall() == expected
+        hg.delete_documents(["jpi"])
+        hg.add_documents([dict(inline_docs[0], id="again", text=inline_docs[0]["text"] + " More text.")])
+        check_consistency(hg)
+
+
 def test_unknown_delete_ids_give_warnings(make_index, inline_docs):
     hg = make_index()
     hg.add_documents(inline_docs[:3])

@@ -49,6 +49,8 @@ def delete_document_rows(store: GraphStore, doc_ids: list[int], removed: Removed
                 con, "SELECT DISTINCT entity_id FROM mentions WHERE passage_id IN (SELECT id FROM _del_passages)")
             removed.candidate_facts |= _ids(
                 con, "SELECT DISTINCT fact_id FROM fact_sources WHERE passage_id IN (SELECT id FROM _del_passages)")
+            _count_surfaces(store, "SELECT entity_id, surface, label FROM mentions "
+                                   "WHERE passage_id IN (SELECT id FROM _del_passages)", sign=-1)
             for table, column in (("mentions", "passage_id"), ("fact_sources", "passage_id"),
                                   ("passage_vectors", "id"), ("turn_vectors", "passage_id"),
                                   ("passages", "id")):
@@ -116,8 +118,50 @@ def refresh_entities(store: GraphStore, entity_ids: set[int]) -> None:
     refresh_surface_forms(store, entity_ids)
 
 
+def insert_mentions(store: GraphStore, passage_ids, entity_ids, surfaces, labels) -> None:
+    """Append mention rows (equal-length sequences; a label may be None) and count them into
+    ``surface_counts``."""
+    rows = pa.table({
+        "passage_id": pa.array(np.asarray(passage_ids, np.int64)),
+        "entity_id": pa.array(np.asarray(entity_ids, np.int64)),
+        "surface": pa.array(list(surfaces), pa.string()),
+        "label": pa.array(list(labels), pa.string()),
+    })
+    if rows.num_rows == 0:
+        return
+    store.insert("mentions", rows)
+    store.con.register("_new_mentions", rows)
+    try:
+        _count_surfaces(store, "SELECT entity_id, surface, label FROM _new_mentions", sign=1)
+    finally:
+        store.unregister("_new_mentions")
+
+
+def _count_surfaces(store: GraphStore, mentions_sql: str, *, sign: int) -> None:
+    """Add (``sign`` 1) or subtract (-1) the mentions that ``mentions_sql`` selects (columns
+    ``entity_id, surface, label``) to or from ``surface_counts``; rows that reach 0 are deleted."""
+    delta = f"(SELECT entity_id, surface, label, {int(sign)} * count(*) AS cnt FROM ({mentions_sql}) GROUP BY ALL)"
+    con = store.con
+    con.execute(f"""
+        UPDATE surface_counts SET cnt = surface_counts.cnt + d.cnt FROM {delta} d
+        WHERE surface_counts.entity_id = d.entity_id AND surface_counts.surface = d.surface
+          AND surface_counts.label IS NOT DISTINCT FROM d.label""")
+    if sign > 0:
+        con.execute(f"""
+            INSERT INTO surface_counts
+            SELECT d.* FROM {delta} d ANTI JOIN surface_counts c
+            ON c.entity_id = d.entity_id AND c.surface = d.surface AND c.label IS NOT DISTINCT FROM d.label""")
+    else:
+        con.execute(f"""
+            DELETE FROM surface_counts WHERE cnt <= 0
+            AND entity_id IN (SELECT entity_id FROM ({mentions_sql}))""")
+
+
 def refresh_surface_forms(store: GraphStore, entity_ids: set[int]) -> None:
-    """Recompute surface forms and labels (the most frequent) of ``entity_ids`` from mentions.
+    """Recompute surface forms and labels (the most frequent) of ``entity_ids`` from their
+    mention counts (``surface_counts``, kept in step with ``mentions`` by :func:`insert_mentions`
+    and :func:`delete_document_rows`; aggregating ``mentions`` itself re-read every mention of
+    the entities a batch mentions, a cost that grew with the index).
 
     Only rows whose forms or label change are written: a batch mentions most of the entities
     of a growing index again, and rewriting each of them (a list column) cost 17x the filter
@@ -132,8 +176,7 @@ def refresh_surface_forms(store: GraphStore, entity_ids: set[int]) -> None:
                 SELECT entity_id,
                        list(DISTINCT surface ORDER BY surface) AS forms,
                        arg_max(label, cnt ORDER BY cnt, label DESC) FILTER (WHERE label IS NOT NULL) AS label
-                FROM (SELECT entity_id, surface, label, count(*) AS cnt FROM mentions
-                      WHERE entity_id IN (SELECT id FROM _forms) GROUP BY ALL)
+                FROM surface_counts WHERE entity_id IN (SELECT id FROM _forms)
                 GROUP BY entity_id
             ) AS agg
             WHERE entities.id = agg.entity_id

@@ -19,7 +19,12 @@ import numpy as np
 import pyarrow as pa
 
 from hipgraph.config import IndexConfig
-from hipgraph.indexers.graph_update import Removed, refresh_entities, update_synonyms
+from hipgraph.indexers.graph_update import (
+    Removed,
+    insert_mentions,
+    refresh_entities,
+    update_synonyms,
+)
 from hipgraph.models.base import Embedder
 from hipgraph.store.database import GraphStore
 from hipgraph.store.reads import fact_ids_by_key
@@ -126,11 +131,7 @@ def _add_mentions(store: GraphStore, facts: Sequence[LearnedFact], ids: dict[str
         name = pairs[(p, e)]
         found = re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text.get(p, ""), re.IGNORECASE)
         surfaces.append(clean_surface(found.group(0)) if found else name)
-    store.insert("mentions", {
-        "passage_id": pa.array([p for p, _ in add], pa.int64()),
-        "entity_id": pa.array([e for _, e in add], pa.int64()),
-        "surface": pa.array(surfaces, pa.string()),
-        "label": pa.array([None] * len(add), pa.string())})
+    insert_mentions(store, [p for p, _ in add], [e for _, e in add], surfaces, [None] * len(add))
     store.insert("edges", {
         "type": pa.array(["mention"] * len(add), pa.string()),
         "src": pa.array([p for p, _ in add], pa.int64()),

@@ -32,6 +32,7 @@ from hipgraph.indexers.graph_update import (
     add_mention_edges,
     collect_orphans,
     delete_document_rows,
+    insert_mentions,
     refresh_entities,
     refresh_surface_forms,
     update_synonyms,
@@ -380,12 +381,9 @@ class Indexer:
             store.write_vectors("entity", new_entity_ids, batch.new_entity_vectors)
             store.changes.touch_entities(new_entity_ids)
             store.changes.touch_labels(new_entity_ids)
-            store.insert("mentions", {
-                "passage_id": pa.array([int(passage_ids[ci]) for ci, _, _, _ in batch.mentions], pa.int64()),
-                "entity_id": pa.array([entity_ids[name] for _, name, _, _ in batch.mentions], pa.int64()),
-                "surface": pa.array([s for _, _, s, _ in batch.mentions], pa.string()),
-                "label": pa.array([lb for _, _, _, lb in batch.mentions], pa.string()),
-            })
+            mention_entities = np.array([entity_ids[name] for _, name, _, _ in batch.mentions], dtype=np.int64)
+            insert_mentions(store, passage_ids[[ci for ci, _, _, _ in batch.mentions]], mention_entities,
+                            [s for _, _, s, _ in batch.mentions], [lb for _, _, _, lb in batch.mentions])
 
             new_fact_ids = store.allocate_ids("fact", len(batch.new_facts))
             fact_ids = dict(batch.fact_ids)
@@ -408,7 +406,6 @@ class Indexer:
 
             t0 = time.perf_counter()
             collect_orphans(store, removed)
-            mention_entities = np.array([entity_ids[name] for _, name, _, _ in batch.mentions], dtype=np.int64)
             refresh = removed.affected_entities - removed.entities  # recomputed from provenance
             refresh_entities(store, refresh)
             refresh_surface_forms(store, set(mention_entities.tolist()) - refresh - removed.entities)

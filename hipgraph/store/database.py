@@ -28,9 +28,11 @@ from hipgraph.store.locks import ReadWriteLock
 from hipgraph.store.schema import (
     ID_KINDS,
     SCHEMA_VERSION,
+    SURFACE_COUNTS_DDL,
     VECTOR_KINDS,
     ddl,
     index_ddl,
+    surface_counts_backfill,
     turn_vectors_ddl,
 )
 
@@ -181,12 +183,32 @@ class GraphStore:
             store._check_version()
             if not read_only:
                 con.execute(turn_vectors_ddl(int(store.meta_get("dimension"))))
+                store._add_surface_counts()
                 for statement in index_ddl():
                     con.execute(statement)
         except BaseException:
             con.close()
             raise
         return store
+
+    def _add_surface_counts(self) -> None:
+        """Create and fill ``surface_counts`` in an index written before it (one transaction)."""
+        if self._has_table("surface_counts"):
+            return
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.con.execute(SURFACE_COUNTS_DDL)
+            self.con.execute(surface_counts_backfill())
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        logger.info("%s: surface_counts filled from mentions", self.root)
+
+    def _has_table(self, name: str) -> bool:
+        rows = self.con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchall()
+        return bool(rows and rows[0][0])
 
     def _table_count(self) -> int:
         return int(self.con.execute("SELECT count(*) FROM information_schema.tables").fetchall()[0][0])

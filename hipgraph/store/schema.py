@@ -46,6 +46,7 @@ def ddl(dimension: int) -> list[str]:
         f"CREATE TABLE entity_vectors (id BIGINT NOT NULL, vec FLOAT[{d}] NOT NULL)",
         f"CREATE TABLE fact_vectors (id BIGINT NOT NULL, vec FLOAT[{d}] NOT NULL)",
         turn_vectors_ddl(d),
+        SURFACE_COUNTS_DDL,
         """CREATE TABLE llm_cache (
             model VARCHAR NOT NULL, prompt_version VARCHAR NOT NULL, passage_hash VARCHAR NOT NULL,
             step VARCHAR NOT NULL, response VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL)""",
@@ -59,6 +60,20 @@ def turn_vectors_ddl(dimension: int) -> str:
     open (``IF NOT EXISTS``); their turns are embedded at query time until re-indexed."""
     return (f"CREATE TABLE IF NOT EXISTS turn_vectors (passage_id BIGINT NOT NULL, turn INTEGER NOT NULL, "
             f"vec FLOAT[{int(dimension)}] NOT NULL)")
+
+
+# derived from ``mentions`` (their count per entity, surface form and label), kept by the writer
+# in step with it so that a batch recomputes the forms and labels of the entities it mentions
+# from its own deltas, not by re-reading every mention of them; added to indexes written before
+# it on their first writable open (see ``surface_counts_backfill``)
+SURFACE_COUNTS_DDL = """CREATE TABLE IF NOT EXISTS surface_counts (
+    entity_id BIGINT NOT NULL, surface VARCHAR NOT NULL, label VARCHAR, cnt BIGINT NOT NULL)"""
+
+
+def surface_counts_backfill() -> str:
+    """Fill an empty ``surface_counts`` from ``mentions`` (an index written before the table)."""
+    return ("INSERT INTO surface_counts SELECT entity_id, surface, label, count(*) FROM mentions "
+            "GROUP BY ALL")
 
 
 # point lookups by id on the query path (a hit's passage and document, a seed fact): ART indexes,

@@ -153,10 +153,14 @@ class SynonymConfig:
 
     threshold: float = 0.8
     max_neighbors: int = 32
+    # IVF lists the candidate search probes once the entity index is IVF (from 100k entities;
+    # 0: the index's own, as queries use); fewer lists miss a few pairs (benchmarks/synonym_search.py)
+    candidate_nprobe: int = 0
 
     def __post_init__(self) -> None:
         _check(0.0 < self.threshold <= 1.0, f"synonyms.threshold must be in (0, 1], got {self.threshold}")
         _check(self.max_neighbors >= 1, "synonyms.max_neighbors must be >= 1")
+        _check(self.candidate_nprobe >= 0, "synonyms.candidate_nprobe must be >= 0 (0: the index's own)")
 
 
 @dataclass(frozen=True)

@@ -547,6 +547,32 @@ def test_range_search_with_the_candidate_margin_finds_every_vector_at_the_thresh
         assert index.candidate_margin == 1e-4
 
 
+def test_range_search_probes_the_lists_asked_for_without_changing_the_index():
+    d, n = 32, 3000
+    stored = _unit(n, d, seed=5)
+    queries = _unit(200, d, seed=6)
+    config = VectorIndexConfig(kind="ivf", ivf_nlist=32, ivf_nprobe=32, min_train_size=100, use_gpu="never")
+    index = FaissVectorIndex(d, config)
+    index.build(np.arange(n, dtype=np.int64), stored)
+    exact = queries @ stored.T
+
+    def pairs(**kw) -> set[tuple[int, int]]:
+        found = index.range_search(queries, 0.5 - index.candidate_margin, **kw)
+        return {(q, int(i)) for q, (ids, _) in enumerate(found) for i in ids}
+
+    every = {(int(q), int(i)) for q, i in zip(*np.nonzero(exact >= 0.5), strict=True)}
+    full = pairs()
+    assert every <= full  # all 32 lists: only the codes' scores differ from exact
+    few = pairs(nprobe=2)
+    assert few < full and len(few) < 0.5 * len(full)  # 2 of 32 lists
+    assert pairs(nprobe=1000) == full  # at most every list
+    assert index._inner.nprobe == 32  # the index's own setting is untouched
+    flat = FaissVectorIndex(d, VectorIndexConfig(kind="flat", use_gpu="never"))
+    flat.build(np.arange(n, dtype=np.int64), stored)
+    assert [ids.tolist() for ids, _ in flat.range_search(queries, 0.5, nprobe=1)] == \
+           [ids.tolist() for ids, _ in flat.range_search(queries, 0.5)]
+
+
 def test_empty_index_search():
     index = FaissVectorIndex(8, VectorIndexConfig(use_gpu="never"))
     scores, ids = index.search(np.ones((2, 8), np.float32), 3)

@@ -314,20 +314,21 @@ def update_synonyms(
     """
     thr, cap = config.threshold, config.max_neighbors
     search = thr - entity_index.candidate_margin  # FAISS candidates
+    probe = config.candidate_nprobe
     new_vectors = np.ascontiguousarray(new_vectors, np.float32)  # as stored
     removed_vectors = np.ascontiguousarray(removed_vectors, np.float32)
     con = store.con
     removed_list = [int(r) for r in removed_ids]
     removed_set = set(removed_list)
     delta: dict[int, int] = {}
-    found = entity_index.range_search(removed_vectors, search)
+    found = entity_index.range_search(removed_vectors, search, nprobe=probe)
     for _, b, _ in _similar_pairs(store, removed_list, removed_vectors, found, thr, removed_set):
         delta[b] = delta.get(b, 0) - 1
     # pairs that involve a new entity
     pairs: dict[tuple[int, int], float] = {}
     new_list = [int(n) for n in new_ids]
     new_degree = dict.fromkeys(new_list, 0)
-    found = entity_index.range_search(new_vectors, search)
+    found = entity_index.range_search(new_vectors, search, nprobe=probe)
     for n, b, score in _similar_pairs(store, new_list, new_vectors, found, thr, removed_set):
         delta[b] = delta.get(b, 0) + 1
         new_degree[n] += 1
@@ -361,7 +362,7 @@ def update_synonyms(
     if crossed_down:  # linkable again: find all their neighbours in the new state
         down_ids, down_vectors = store.read_vectors("entity", np.asarray(sorted(crossed_down)))
         down_list = down_ids.tolist()
-        found = entity_index.range_search(down_vectors, search)
+        found = entity_index.range_search(down_vectors, search, nprobe=probe)
         for b, c, score in _similar_pairs(store, down_list, down_vectors, found, thr, removed_set):
             pairs[(min(b, c), max(b, c))] = score
         if new_list:

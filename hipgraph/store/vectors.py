@@ -227,15 +227,21 @@ class FaissVectorIndex:
         scores = np.where(ids < 0, -np.inf, scores).astype(np.float32)
         return scores, ids.astype(np.int64)
 
-    def range_search(self, queries: np.ndarray, threshold: float) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per query row, ``(ids, scores)`` of every vector with score >= ``threshold`` (CPU)."""
+    def range_search(self, queries: np.ndarray, threshold: float, *, nprobe: int = 0
+                     ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per query row, ``(ids, scores)`` of every vector with score >= ``threshold`` (CPU).
+        ``nprobe`` > 0 searches that many lists of an IVF layout instead of the index's own
+        (per call, so searches beside it are unaffected); flat and HNSW layouts ignore it."""
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
         if self.ntotal == 0 or len(queries) == 0:
             return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in range(len(queries))]
+        params = None
+        if nprobe > 0 and self.layout == "ivf":
+            params = self._faiss.SearchParametersIVF(nprobe=min(int(nprobe), int(self._inner.nlist)))
         out = []
         for lo in range(0, len(queries), RANGE_BATCH):  # bounded result buffers on any batch size
             part = queries[lo:lo + RANGE_BATCH]
-            lims, scores, ids = self._index.range_search(part, float(threshold) - 1e-6)
+            lims, scores, ids = self._index.range_search(part, float(threshold) - 1e-6, params=params)
             for q in range(len(part)):
                 s, i = scores[lims[q]:lims[q + 1]], ids[lims[q]:lims[q + 1]].astype(np.int64)
                 keep = s >= threshold

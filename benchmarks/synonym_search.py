@@ -1,0 +1,123 @@
+"""Synonym candidate search on an IVF entity index: lists probed against pairs found and time.
+
+    python benchmarks/synonym_search.py --db indexes/musique --db indexes/2wiki [--nprobe 4,8,16,32,0]
+    python benchmarks/synonym_search.py --synthetic 200000
+
+Synonym edges join entities whose name vectors have cosine >= 0.8 (``SynonymConfig.threshold``).
+Each batch searches its new entities against the entity index: exact (flat, BLAS) below
+``VectorIndexConfig.auto_threshold`` entities, IVF-SQ8 from there. This measures, over one set of
+entity vectors (an index's own, several indexes' together, or ``--synthetic N`` names of
+``scale.py``'s corpus embedded with its hashing embedder), the all-pairs range search at the
+threshold minus the SQ8 candidate margin through IVF-SQ8 (nlist 2*sqrt(n), as the index builds
+it) for each ``--nprobe`` (0: the index's own, max(32, nlist/8)), against the exact pairs from
+a flat BLAS search of the same vectors: the share of pairs found (each found candidate is then
+decided on its exact cosine, so no pair is ever wrong, only missed) and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import faiss  # noqa: E402
+
+from hipgraph.config import VectorIndexConfig  # noqa: E402
+from hipgraph.store.vectors import SQ8_CANDIDATE_MARGIN  # noqa: E402
+
+
+def index_vectors(dbs: list[Path]) -> np.ndarray:
+    import hipgraph  # noqa: PLC0415
+
+    parts = []
+    for db in dbs:
+        with hipgraph.open(db, read_only=True) as hg:
+            parts.extend(v for _, v in hg.store.iter_vectors("entity"))
+    return np.ascontiguousarray(np.vstack(parts), dtype=np.float32)
+
+
+def synthetic_vectors(n_passages: int) -> np.ndarray:
+    import scale  # noqa: PLC0415
+
+    from hipgraph import registry  # noqa: PLC0415
+    from hipgraph.config import EmbedderConfig  # noqa: PLC0415
+
+    docs, _ = scale.synthetic_corpus(n_passages)
+    names = sorted({name for d in docs for m in scale._SENTENCE.findall(d["text"]) for name in (m[0], m[2], m[3])})
+    embedder = registry.create("embedder", "hashing", EmbedderConfig(name="hashing"))
+    return np.ascontiguousarray(embedder.embed(names), dtype=np.float32)
+
+
+def exact_pairs(vectors: np.ndarray, threshold: float) -> set[tuple[int, int]]:
+    out = set()
+    for lo in range(0, len(vectors), 4096):
+        rows, cols = np.nonzero(vectors[lo:lo + 4096] @ vectors.T >= threshold)
+        out |= {(lo + r, c) for r, c in zip(rows.tolist(), cols.tolist(), strict=True) if lo + r < c}
+    return out
+
+
+def edges(pairs: set[tuple[int, int]], cap: int) -> set[tuple[int, int]]:
+    """The synonym edges of ``pairs``: both ends with at most ``cap`` such pairs."""
+    degree: dict[int, int] = {}
+    for a, b in pairs:
+        degree[a] = degree.get(a, 0) + 1
+        degree[b] = degree.get(b, 0) + 1
+    return {(a, b) for a, b in pairs if degree[a] <= cap and degree[b] <= cap}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", type=Path, action="append", default=[])
+    parser.add_argument("--synthetic", type=int, default=0, help="passages of scale.py's synthetic corpus")
+    parser.add_argument("--nprobe", default="4,8,16,32,0")
+    parser.add_argument("--threshold", type=float, default=0.8)
+    parser.add_argument("--max-neighbors", type=int, default=32)
+    args = parser.parse_args()
+    vectors = synthetic_vectors(args.synthetic) if args.synthetic else index_vectors(args.db)
+    n, d = vectors.shape
+    config = VectorIndexConfig()
+    nlist = config.nlist(n)
+    t0 = time.perf_counter()
+    exact = exact_pairs(vectors, args.threshold)
+    t_flat = time.perf_counter() - t0
+    quantizer = faiss.IndexFlatIP(d)
+    ivf = faiss.IndexIVFScalarQuantizer(quantizer, d, nlist, faiss.ScalarQuantizer.QT_8bit,
+                                        faiss.METRIC_INNER_PRODUCT)
+    ivf.train(vectors)
+    ivf.add(vectors)
+    exact_edges = edges(exact, args.max_neighbors)
+    print(f"{n} entity vectors ({', '.join(map(str, args.db)) or f'synthetic {args.synthetic}'}), "
+          f"{len(exact)} pairs >= {args.threshold}, {len(exact_edges)} edges (both ends <= {args.max_neighbors} "
+          f"pairs); flat exact all-pairs {t_flat:.1f} s; IVF-SQ8 nlist {nlist}")
+    print("| nprobe | share of lists | pairs found | missed | edges missed | edges extra | all-pairs s | vs flat |")
+    print("|---|---|---|---|---|---|---|---|")
+    for raw in args.nprobe.split(","):
+        nprobe = int(raw) or config.nprobe(nlist)
+        params = faiss.SearchParametersIVF(nprobe=nprobe)
+        t0 = time.perf_counter()
+        found = set()
+        for lo in range(0, n, 4096):
+            lims, _, ids = ivf.range_search(vectors[lo:lo + 4096], args.threshold - SQ8_CANDIDATE_MARGIN,
+                                            params=params)
+            for q in range(min(4096, n - lo)):
+                found |= {(lo + q, int(j)) for j in ids[lims[q]:lims[q + 1]] if lo + q < j}
+        seconds = time.perf_counter() - t0
+        found &= exact  # each candidate is decided on its exact cosine
+        got = edges(found, args.max_neighbors)
+        print(f"| {nprobe}{' (default)' if raw == '0' else ''} | {nprobe / nlist:.3f} | "
+              f"{100 * len(found) / max(1, len(exact)):.2f}% | {len(exact) - len(found)} | "
+              f"{len(exact_edges - got)} ({100 * len(exact_edges - got) / max(1, len(exact_edges)):.2f}%) | "
+              f"{len(got - exact_edges)} | {seconds:.1f} | {seconds / t_flat:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

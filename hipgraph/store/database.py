@@ -214,10 +214,7 @@ class GraphStore:
         return int(self.con.execute("SELECT count(*) FROM information_schema.tables").fetchall()[0][0])
 
     def _has_schema(self) -> bool:
-        rows = self.con.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'"
-        ).fetchall()
-        return bool(rows and rows[0][0])
+        return self._has_table("meta")
 
     def _create_schema(self, dimension: int, meta: dict[str, Any]) -> None:
         with self.transaction():

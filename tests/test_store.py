@@ -40,6 +40,7 @@ EXPECTED_COLUMNS = {
     "passages": {"id", "doc_id", "ordinal", "title", "text", "start_char", "end_char", "text_hash"},
     "entities": {"id", "name", "label", "surface_forms", "synonym_degree"},
     "mentions": {"passage_id", "entity_id", "surface", "label"},
+    "surface_counts": {"entity_id", "surface", "label", "cnt"},
     "facts": {"id", "subject_id", "relation", "object_id", "kind"},
     "fact_sources": {"fact_id", "passage_id", "extractor"},
     "edges": {"type", "src", "dst", "weight"},

@@ -138,7 +138,8 @@ def main() -> int:
         fact_texts = [t for _, t, *_ in facts]
         t_facts = {p: embed_seconds(embedder, [t for _, t, _, n, r in facts if keep(p, n, r)], args.repeats)
                    if p != "none" else 0.0 for p in policies}
-    full = t_passages + t_names + t_facts.get("all", embed_seconds(embedder, fact_texts, args.repeats))
+        t_all = t_facts["all"] if "all" in t_facts else embed_seconds(embedder, fact_texts, args.repeats)
+    full = t_passages + t_names + t_all
     print(f"{args.db}: {len(passages)} passages ({t_passages:.1f} s), {len(names)} entity names "
           f"({t_names:.1f} s), {len(facts)} triple facts; embedding best of {args.repeats}")
 

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import faiss  # noqa: E402
 
 from hipgraph.config import VectorIndexConfig  # noqa: E402
+from hipgraph.indexers.graph_update import _similar_within  # noqa: E402
 from hipgraph.store.vectors import SQ8_CANDIDATE_MARGIN  # noqa: E402
 
 
@@ -57,11 +58,8 @@ def synthetic_vectors(n_passages: int) -> np.ndarray:
 
 
 def exact_pairs(vectors: np.ndarray, threshold: float) -> set[tuple[int, int]]:
-    out = set()
-    for lo in range(0, len(vectors), 4096):
-        rows, cols = np.nonzero(vectors[lo:lo + 4096] @ vectors.T >= threshold)
-        out |= {(lo + r, c) for r, c in zip(rows.tolist(), cols.tolist(), strict=True) if lo + r < c}
-    return out
+    """Row pairs ``(a, b)``, ``a < b``, that are synonym pairs by the indexer's own exact rule."""
+    return {(a, b) for a, b, _ in _similar_within(list(range(len(vectors))), vectors, threshold)}
 
 
 def edges(pairs: set[tuple[int, int]], cap: int) -> set[tuple[int, int]]:

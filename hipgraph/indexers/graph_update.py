@@ -139,7 +139,8 @@ def insert_mentions(store: GraphStore, passage_ids, entity_ids, surfaces, labels
 
 def _count_surfaces(store: GraphStore, mentions_sql: str, *, sign: int) -> None:
     """Add (``sign`` 1) or subtract (-1) the mentions that ``mentions_sql`` selects (columns
-    ``entity_id, surface, label``) to or from ``surface_counts``; rows that reach 0 are deleted."""
+    ``entity_id, surface, label``) to or from ``surface_counts``; rows that reach 0 are deleted
+    (every stored count is positive, so only this call's rows can)."""
     delta = f"(SELECT entity_id, surface, label, {int(sign)} * count(*) AS cnt FROM ({mentions_sql}) GROUP BY ALL)"
     con = store.con
     con.execute(f"""
@@ -152,9 +153,7 @@ def _count_surfaces(store: GraphStore, mentions_sql: str, *, sign: int) -> None:
             SELECT d.* FROM {delta} d ANTI JOIN surface_counts c
             ON c.entity_id = d.entity_id AND c.surface = d.surface AND c.label IS NOT DISTINCT FROM d.label""")
     else:
-        con.execute(f"""
-            DELETE FROM surface_counts WHERE cnt <= 0
-            AND entity_id IN (SELECT entity_id FROM ({mentions_sql}))""")
+        con.execute("DELETE FROM surface_counts WHERE cnt <= 0")
 
 
 def refresh_surface_forms(store: GraphStore, entity_ids: set[int]) -> None:

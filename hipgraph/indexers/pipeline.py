@@ -381,8 +381,9 @@ class Indexer:
             store.write_vectors("entity", new_entity_ids, batch.new_entity_vectors)
             store.changes.touch_entities(new_entity_ids)
             store.changes.touch_labels(new_entity_ids)
+            mention_passages = passage_ids[[ci for ci, _, _, _ in batch.mentions]]
             mention_entities = np.array([entity_ids[name] for _, name, _, _ in batch.mentions], dtype=np.int64)
-            insert_mentions(store, passage_ids[[ci for ci, _, _, _ in batch.mentions]], mention_entities,
+            insert_mentions(store, mention_passages, mention_entities,
                             [s for _, _, s, _ in batch.mentions], [lb for _, _, _, lb in batch.mentions])
 
             new_fact_ids = store.allocate_ids("fact", len(batch.new_facts))
@@ -416,7 +417,7 @@ class Indexer:
                 keep = ~(np.isin(subjects, stale) | np.isin(objects, stale))
                 subjects, objects = subjects[keep], objects[keep]
             add_fact_edge_counts(store, subjects, objects)
-            add_mention_edges(store, passage_ids[[ci for ci, _, _, _ in batch.mentions]], mention_entities)
+            add_mention_edges(store, mention_passages, mention_entities)
             n_synonyms = self._synonyms(new_entity_ids, batch.new_entity_vectors, removed)
             t_graph = time.perf_counter() - t0
             store.changes.itemised = True  # every graph row this batch touched is recorded

@@ -99,6 +99,33 @@ def test_strongest_path_prefers_the_likelier_walk():
     assert strongest_path(snap, Seeds(entities={3: 0.5}), 1) == ([5, 1], pytest.approx(0.5))
 
 
+def _hand_snapshot(n_p: int, n_e: int, edges: list[tuple[int, int, float]]):
+    from hipgraph.query.ppr import to_csr
+    from hipgraph.query.snapshot import _assemble
+
+    src, dst, w = (np.array(col) for col in zip(*edges, strict=True))
+    indptr, indices, weights = to_csr(n_p + n_e, src, dst, w.astype(float))
+    return _assemble(0, {"passage_ids": np.arange(n_p), "entity_ids": np.arange(n_e), "indptr": indptr,
+                         "indices": indices, "weights": weights,
+                         "entity_passage_indptr": np.zeros(n_e + 1, np.int64),
+                         "entity_passage_indices": np.zeros(0, np.int32), "fact_ids": np.zeros(0, np.int64),
+                         "fact_subject": np.zeros(0, np.int32), "fact_object": np.zeros(0, np.int32)})
+
+
+def test_strongest_path_breaks_ties_by_smaller_seed_then_smaller_next_node():
+    # passage 0; entities 0..3 at nodes 1..4. Seeds e0 and e1 each have one edge to the passage:
+    # equal scores, the smaller seed's walk is kept whichever order the seeds come in
+    snap = _hand_snapshot(1, 4, [(1, 0, 1.0), (2, 0, 1.0)])
+    assert strongest_path(snap, Seeds(entities={1: 1.0, 0: 1.0}), 0) == ([1, 0], pytest.approx(1.0))
+    # seed e0 reaches the passage through e2 or e3 with equal probability (1/2 * 1/2): e2 (node 3)
+    snap = _hand_snapshot(1, 4, [(1, 3, 1.0), (1, 4, 1.0), (4, 0, 1.0), (3, 0, 1.0)])
+    assert strongest_path(snap, Seeds(entities={0: 1.0}), 0) == ([1, 3, 0], pytest.approx(0.25))
+    # three edges, two tied first steps: e0 -> e1 | e2 -> e3 -> passage; the smaller (e1, node 2)
+    snap = _hand_snapshot(1, 4, [(1, 3, 1.0), (1, 2, 1.0), (2, 4, 1.0), (3, 4, 1.0), (4, 0, 1.0)])
+    path, score = strongest_path(snap, Seeds(entities={0: 1.0}), 0)
+    assert path == [1, 2, 4, 0] and score == pytest.approx(0.5 * 0.5 * (1 / 3))
+
+
 def test_top_passages_are_the_k_best_with_ties_by_node():
     from hipgraph.query.graph import top_passages
 

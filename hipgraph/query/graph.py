@@ -135,67 +135,103 @@ def strongest_path(snapshot: GraphSnapshot, seeds: Seeds, target: int) -> tuple[
     Returns ``(nodes from seed to target, score)``, empty when no seed lies within three edges;
     ties go to the smaller seed, then the smaller next node. Meets in the middle: the target's
     entities are matched against each seed's neighbours by binary search in the sorted CSR rows,
-    so hub entities cost a logarithm, not their degree.
+    so hub entities cost a logarithm, not their degree (:func:`_strongest_path`, compiled).
     """
-    p = snapshot.n_passages
-    seed_nodes = {p + e: w for e, w in seeds.entities.items()}
-    if not seed_nodes:
+    if not seeds.entities:
         return [], 0.0
-    out = np.asarray(snapshot.out_weight)  # plain views: memmap indexing is slow per call
-    indptr, indices, weights = (np.asarray(a) for a in (snapshot.indptr, snapshot.indices, snapshot.weights))
+    p = snapshot.n_passages
+    nodes = np.array(sorted(p + e for e in seeds.entities), np.int64)
+    weights = np.array([seeds.entities[int(n) - p] for n in nodes], np.float64)
+    path, length, score = _strongest_path(
+        np.asarray(snapshot.indptr), np.asarray(snapshot.indices), np.asarray(snapshot.weights),
+        np.asarray(snapshot.out_weight), p, nodes, weights, int(target))
+    if length == 0:
+        return [], 0.0
+    return [int(v) for v in path[:length]], float(score)
 
-    def row(u: int) -> tuple[np.ndarray, np.ndarray]:
-        lo, hi = int(indptr[u]), int(indptr[u + 1])
-        return indices[lo:hi].astype(np.int64), weights[lo:hi]
 
-    # the walk's last step: b -> target for the target's neighbours b (entities)
-    b_nodes, b_w = row(target)
-    keep = (b_nodes >= p) & (out[b_nodes] > 0)
-    b_nodes, r1 = b_nodes[keep], b_w[keep] / out[b_nodes[keep]]
+@numba.njit(cache=True, nogil=True)
+def _in_row(indptr, indices, u, x):
+    """Position of node ``x`` in CSR row ``u`` (sorted), or -1."""
+    lo, hi = indptr[u], indptr[u + 1]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if indices[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo if lo < indptr[u + 1] and indices[lo] == x else -1
 
-    b_order = np.argsort(b_nodes)
-    b_sorted, r1_sorted = b_nodes[b_order], r1[b_order]
 
-    def to_target(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Best probability of reaching the target from each ``x`` in at most two edges (through
-        one of the target's entities), and the next node of that walk (-1: none)."""
-        best = np.zeros(xs.size)
-        via = np.full(xs.size, -1, np.int64)
-        if b_sorted.size:  # one edge x -> target (kept on ties, as the shorter walk)
-            at = np.minimum(np.searchsorted(b_sorted, xs), b_sorted.size - 1)
-            one = b_sorted[at] == xs
-            best[one], via[one] = r1_sorted[at[one]], target
-        ox = out[xs]
-        for b, rb in zip(b_sorted.tolist(), r1_sorted.tolist(), strict=True):  # two edges x -> b -> target
-            nb, wb = row(b)  # w(x, b) = w(b, x): the CSR is symmetric
-            if nb.size == 0:
-                continue
-            at = np.minimum(np.searchsorted(nb, xs), nb.size - 1)
-            hit = (nb[at] == xs) & (ox > 0) & (xs != target)
-            prob = np.zeros(xs.size)
-            prob[hit] = rb * wb[at[hit]] / ox[hit]
-            better = prob > best
-            best[better], via[better] = prob[better], b
+@numba.njit(cache=True, nogil=True)
+def _to_target(indptr, indices, weights, out, b_nodes, r1, target, x):
+    """Best probability of reaching ``target`` from ``x`` in at most two edges (through one of
+    the target's entities ``b_nodes``, sorted, whose last step has probability ``r1``), and the
+    next node of that walk (-1: none); the one-edge walk is kept on ties, then the smaller ``b``."""
+    best, via = 0.0, -1
+    for j in range(b_nodes.size):  # one edge x -> target
+        if b_nodes[j] == x:
+            best, via = r1[j], target
+            break
+    if out[x] <= 0 or x == target:
         return best, via
+    for j in range(b_nodes.size):  # two edges x -> b -> target; w(x, b) = w(b, x): symmetric CSR
+        at = _in_row(indptr, indices, b_nodes[j], x)
+        if at >= 0:
+            prob = r1[j] * weights[at] / out[x]
+            if prob > best:
+                best, via = prob, b_nodes[j]
+    return best, via
 
-    best_score, best_path = 0.0, []
-    for s in sorted(seed_nodes):
+
+@numba.njit(cache=True, nogil=True)
+def _strongest_path(indptr, indices, weights, out, p, seed_nodes, seed_weights, target):
+    """:func:`strongest_path` over the CSR arrays: ``(path nodes, their count, score)``."""
+    lo, hi = indptr[target], indptr[target + 1]
+    b_nodes = np.empty(hi - lo, np.int64)
+    r1 = np.empty(hi - lo, np.float64)
+    nb = 0
+    for k in range(lo, hi):  # the walk's last step b -> target, for the target's entities b
+        b = indices[k]
+        if b >= p and out[b] > 0:
+            b_nodes[nb], r1[nb] = b, weights[k] / out[b]
+            nb += 1
+    order = np.argsort(b_nodes[:nb])
+    b_nodes, r1 = b_nodes[:nb][order], r1[:nb][order]
+    best_path = np.full(4, -1, np.int64)
+    best_len, best_score = 0, 0.0
+    path = np.full(4, -1, np.int64)
+    for i in range(seed_nodes.size):
+        s = seed_nodes[i]
         if out[s] <= 0:
             continue
-        own, own_via = to_target(np.array([s], np.int64))  # one or two edges
-        if own[0] > 0:
-            path = [s, int(own_via[0])] + ([target] if own_via[0] != target else [])
-            score = seed_nodes[s] * own[0]
-        else:  # three edges: s -> x -> b -> target
-            xs, wx = row(s)
-            reach, via = to_target(xs)
-            prob = reach * wx / out[s]
-            if prob.size == 0 or prob.max() <= 0:
+        own, own_via = _to_target(indptr, indices, weights, out, b_nodes, r1, target, s)
+        if own > 0:  # one or two edges
+            path[0], path[1] = s, own_via
+            length = 2
+            if own_via != target:
+                path[2] = target
+                length = 3
+            score = seed_weights[i] * own
+        else:  # three edges: s -> x -> b -> target; the first maximum (the smallest x) wins
+            top, top_x, top_via = 0.0, -1, -1
+            for k in range(indptr[s], indptr[s + 1]):
+                x = indices[k]
+                reach, via = _to_target(indptr, indices, weights, out, b_nodes, r1, target, x)
+                prob = reach * weights[k] / out[s]
+                if prob > top:
+                    top, top_x, top_via = prob, x, via
+            if top <= 0:
                 continue
-            j = int(np.argmax(prob))  # first maximum: the smallest x
-            x = int(xs[j])
-            path = [s, x] + ([int(via[j])] if via[j] != target else []) + [target]
-            score = seed_nodes[s] * float(prob[j])
+            path[0], path[1] = s, top_x
+            length = 2
+            if top_via != target:
+                path[length] = top_via
+                length += 1
+            path[length] = target
+            length += 1
+            score = seed_weights[i] * top
         if score > best_score:
-            best_score, best_path = float(score), path
-    return best_path, best_score
+            best_score, best_len = score, length
+            best_path[:] = path
+    return best_path, best_len, best_score

@@ -1,6 +1,6 @@
 """Where a growing build's time goes: per-step timers over a synthetic build (scale.py's corpus).
 
-    python benchmarks/build_steps.py [--size 100000] [--batch-size 4096] [--out /tmp/hipgraph-steps]
+    python benchmarks/build_steps.py [--size 100000] [--batch-size 4096] [--out /tmp/hipgraph-steps] [--keep]
 
 Builds one index of ``scale.py --synthetic`` (pattern extractor, hashing embedder) in this process
 with timers around the write path's steps (SQL routines of ``indexers/graph_update.py``, the
@@ -66,6 +66,7 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=100_000)
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--out", type=Path, default=Path("/tmp/hipgraph-steps"))
+    parser.add_argument("--keep", action="store_true", help="leave the built index at --out")
     args = parser.parse_args()
     registry.register("extractor", "pattern", "scale:PatternExtractor")
     for owner, names in STEPS:
@@ -84,7 +85,8 @@ def main() -> int:
         q = max(1, len(values) // 4)
         print(f"{name:24s} {sum(values):8.2f} {len(values):6d} {1000 * sum(values[:q]) / q:17.1f} "
               f"{1000 * sum(values[-q:]) / q:16.1f}")
-    shutil.rmtree(args.out, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(args.out, ignore_errors=True)
     return 0
 
 

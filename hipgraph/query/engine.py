@@ -15,6 +15,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -165,6 +166,10 @@ class Query:
     paths: int | None = None  # graph hits given their strongest seed path (None: all)
 
 
+#: Questions per call whose embedding runs beside their spaCy parse (:meth:`Retriever.prepare`);
+#: larger batches embed on all cores after the parse instead.
+OVERLAP_QUESTIONS = 8
+
 Ranker = Callable[[Query, list[str], int], list[Ranked]]
 
 
@@ -255,6 +260,7 @@ class Retriever:
         self._lock = threading.Lock()  # guards the helpers made on first use below
         self._rule_decomposer = None
         self._filter: FactFilter | None = None
+        self._helpers: ThreadPoolExecutor | None = None  # embeds questions beside their parse
 
     # ------------------------------------------------------------------ reading
     @contextlib.contextmanager
@@ -283,6 +289,9 @@ class Retriever:
         texts = list(questions)
         with _one_blas_thread():
             if mode != "dense" and cfg.graph.link_question_entities:
+                # a few questions embed on a helper thread while spaCy parses them here (both
+                # release the GIL for most of their work, so the two overlap on two cores)
+                embedding = self._beside(embedder.embed, texts) if len(texts) <= OVERLAP_QUESTIONS else None
                 # the spans graph retrieval will embed: those no name matches, by the names the
                 # latest view holds (a guess made without the lock: a span it gets wrong is
                 # embedded under the lock, or embedded for nothing)
@@ -290,8 +299,18 @@ class Retriever:
                 embedder.parsed = dict(zip(questions, self._spans.parse(questions), strict=True))
                 texts += [span for pairs in self._spans.link(questions, names, parsed=embedder.parsed)
                           for span, eid in pairs if eid is None]
-            embedder.embed(texts)
+                if embedding is not None:
+                    embedding.result()  # the questions' vectors, kept by the embedder (or its error)
+            embedder.embed(texts)  # what is not embedded yet: all, or the unmatched spans
         return embedder
+
+    def _beside(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run ``fn(*args)`` on the retriever's helper threads (made on first use)."""
+        with self._lock:
+            if self._helpers is None:
+                self._helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hipgraph-query")
+            helpers = self._helpers
+        return helpers.submit(fn, *args)
 
     def snapshot(self) -> GraphSnapshot:
         """The current generation's graph snapshot."""
@@ -309,6 +328,10 @@ class Retriever:
 
     def close(self) -> None:
         self._filter = None  # its client belongs to whoever made it (the HipGraph)
+        with self._lock:
+            helpers, self._helpers = self._helpers, None
+        if helpers is not None:
+            helpers.shutdown(wait=True)
         try:
             with self.store.lock.shared():
                 self.views.save_caches()

@@ -31,7 +31,7 @@ def docs(sample_docs):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, default_embedder, docs):
-    """The index built by the default executor (this process, one batch ahead in a thread)."""
+    """The index built by the default executor (this process, a thread per stage)."""
     path = tmp_path_factory.mktemp("executors") / "local"
     with hipgraph.open(path, create=True, config=default_config(batch_size=4), embedder=default_embedder) as hg:
         hg.add_documents(docs)
@@ -153,3 +153,67 @@ def test_conversations_through_worker_processes_give_the_same_memory(tmp_path, d
             hits = hg.retrieve("Where did Ana move in June?", k=2)
             assert hits[0].turn_ids and hits[0].conversation == "ana-ben"  # unit metadata survived the trip
     assert_same_index(dump_index(paths["local"]), dump_index(paths["workers"]))
+
+
+class _NamesExtractor:
+    """Capitalised words as entities (a stand-in input for the executor under test); records the
+    thread each call ran on and fails on a passage that says ``FAIL``."""
+
+    name = "names-test"
+
+    def __init__(self):
+        self.threads: set[str] = set()
+
+    def extract(self, chunks):
+        import threading
+
+        from hipgraph.errors import ExtractionError
+        from hipgraph.types import Extraction
+
+        self.threads.add(threading.current_thread().name)
+        if any("FAIL" in c.text for c in chunks):
+            raise ExtractionError("passage says FAIL")
+        return [Extraction(entities=tuple(w for w in c.text.split() if w[:1].isupper()), triples=())
+                for c in chunks]
+
+
+class _ThreadRecordingEmbedder(HashingEmbedder):
+    def __init__(self):
+        super().__init__()
+        self.threads: set[str] = set()
+
+    def embed(self, texts):
+        import threading
+
+        self.threads.add(threading.current_thread().name)
+        return super().embed(texts)
+
+
+def test_local_executor_extracts_and_embeds_on_own_threads_in_order_and_passes_on_errors():
+    from hipgraph.errors import ExtractionError
+    from hipgraph.indexers.executors import ThreadExecutor
+
+    extractor, embedder = _NamesExtractor(), _ThreadRecordingEmbedder()
+    executor = ThreadExecutor(lambda: extractor, embedder, index_config())
+    batches = [(k, [Document(id=f"d{k}", text=f"Alice met Bob{k} in Paris")]) for k in range(6)]
+    try:
+        out = [(key, work) for key, work in executor.map(iter(batches))]
+    finally:
+        executor.close()
+    assert [key for key, _ in out] == list(range(6))  # input order
+    assert {t.rsplit("_", 1)[0] for t in extractor.threads} == {"hipgraph-extract"}
+    assert {t.rsplit("_", 1)[0] for t in embedder.threads} == {"hipgraph-embed"}
+    for key, work in out:
+        assert work.names == sorted({"alice", f"bob{key}", "paris"})  # normalized names
+        assert work.passage_vectors.shape == (1, embedder.dimension)
+        np.testing.assert_array_equal(work.name_vectors, embedder.embed(work.names))
+
+    # the batch whose extraction fails: the ones before it come out, its error is raised in order
+    executor = ThreadExecutor(lambda: extractor, embedder, index_config())
+    bad = batches[:3] + [(3, [Document(id="bad", text="this one says FAIL")])] + batches[4:]
+    seen = []
+    with pytest.raises(ExtractionError, match="FAIL"):
+        for key, _ in executor.map(iter(bad)):
+            seen.append(key)
+    executor.close()
+    assert seen == [0, 1, 2]

@@ -3,8 +3,8 @@
 Every executor takes ``(key, documents)`` batches in input order and yields ``(key, work)`` in the
 same order, so ids, and therefore the whole index, come out the same whichever one ran:
 
-- ``local`` without workers: one batch ahead in a thread, overlapping the write of the previous
-  batch (the models are the caller's);
+- ``local`` without workers: extraction and embedding on a thread each, overlapping each other
+  and the write of the previous batch (the models are the caller's);
 - ``local`` with ``workers=N``: N worker processes, each holding its own extractor and embedder;
 - ``ray``: Ray Data ``map_batches`` - extraction as CPU tasks, embedding in actors that hold the
   embedder (one GPU each when the cluster has GPUs); results come back as Arrow rows.
@@ -85,8 +85,9 @@ def _drain(pending: deque, keep: int) -> Iterator[tuple[Any, Any]]:
 
 
 class ThreadExecutor:
-    """In this process: the next batch is extracted and embedded in a thread while the caller
-    writes the previous one (spaCy and torch release the GIL for most of their work)."""
+    """In this process, two stages on their own threads: the batch after next is extracted while
+    the next one is embedded and the caller writes the previous one (spaCy and torch release the
+    GIL for most of their work)."""
 
     name = "local"
 
@@ -95,22 +96,28 @@ class ThreadExecutor:
         self._extractor: Extractor | None = None
         self.embedder = embedder
         self.config = config
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hipgraph-compute")
+        self._extract_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hipgraph-extract")
+        self._embed_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hipgraph-embed")
 
-    def _work(self, docs: list[Document]) -> BatchWork:
+    def _extract(self, docs: list[Document]) -> BatchWork:
         if self._extractor is None:
             self._extractor = self._extractor_factory()
-        return embed_batch(extract_batch(docs, self.config, self._extractor), self.embedder)
+        return extract_batch(docs, self.config, self._extractor)
+
+    def _embed(self, extracted: Future) -> BatchWork:
+        return embed_batch(extracted.result(), self.embedder)  # an extraction error passes on
 
     def map(self, batches):
         pending: deque[tuple[Any, Future]] = deque()
         for key, docs in batches:
-            pending.append((key, self._pool.submit(self._work, docs)))
-            yield from _drain(pending, keep=1)
+            extracted = self._extract_pool.submit(self._extract, docs)
+            pending.append((key, self._embed_pool.submit(self._embed, extracted)))
+            yield from _drain(pending, keep=2)
         yield from _drain(pending, keep=0)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._extract_pool.shutdown(wait=True, cancel_futures=True)
+        self._embed_pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ---------------------------------------------------------------------- worker processes

@@ -99,7 +99,7 @@ class Indexer:
         return self._extractor
 
     def local_executor(self) -> Executor:
-        """The default executor: this process, one batch ahead in a thread."""
+        """The default executor: this process, extraction and embedding on a thread each."""
         return ThreadExecutor(lambda: self.extractor, self.embedder, self.config)
 
     # ------------------------------------------------------------------ public

@@ -166,9 +166,10 @@ class Query:
     paths: int | None = None  # graph hits given their strongest seed path (None: all)
 
 
-#: Questions per call whose embedding runs beside their spaCy parse (:meth:`Retriever.prepare`);
-#: larger batches embed on all cores after the parse instead.
-OVERLAP_QUESTIONS = 8
+#: A call of this many questions (one: ``retrieve``) embeds them beside their spaCy parse, its
+#: unmatched spans after (:meth:`Retriever.prepare`); a batch embeds questions and spans in one
+#: call after the parse, on all cores.
+OVERLAP_QUESTIONS = 1
 
 Ranker = Callable[[Query, list[str], int], list[Ranked]]
 
@@ -289,7 +290,7 @@ class Retriever:
         texts = list(questions)
         with _one_blas_thread():
             if mode != "dense" and cfg.graph.link_question_entities:
-                # a few questions embed on a helper thread while spaCy parses them here (both
+                # a lone question embeds on a helper thread while spaCy parses it here (both
                 # release the GIL for most of their work, so the two overlap on two cores)
                 embedding = self._beside(embedder.embed, texts) if len(texts) <= OVERLAP_QUESTIONS else None
                 # the spans graph retrieval will embed: those no name matches, by the names the
@@ -308,7 +309,7 @@ class Retriever:
         """Run ``fn(*args)`` on the retriever's helper threads (made on first use)."""
         with self._lock:
             if self._helpers is None:
-                self._helpers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hipgraph-query")
+                self._helpers = ThreadPoolExecutor(thread_name_prefix="hipgraph-query")  # min(32, cores + 4)
             helpers = self._helpers
         return helpers.submit(fn, *args)
 

@@ -43,6 +43,16 @@ DB_FILENAME = "graph.duckdb"
 # RAM, lets a large build's cache crowd out the FAISS indexes; override with this variable.
 MEMORY_LIMIT_ENV = "HIPGRAPH_DUCKDB_MEMORY_LIMIT"
 DEFAULT_MEMORY_LIMIT = "2GB"
+# DuckDB checkpoints (moves the write-ahead log's changes into the database file) whenever its
+# log passes ``checkpoint_threshold``, 16 MB by default: with the index's own indexes and updated
+# row groups rewritten, each checkpoint costs more as the database grows, and a growing build paid
+# one per batch (commits went from 0.19 to 1.35 s a batch over a 100k-passage build). Writable
+# stores switch that off and checkpoint after a commit once the log passes this share of the
+# database file (at least the minimum, at most the maximum), so a growing index checkpoints ever
+# more rarely; DuckDB checkpoints on close as before, and a crash replays at most that much log.
+CHECKPOINT_SHARE = 0.25
+CHECKPOINT_MIN_BYTES = 64 << 20
+CHECKPOINT_MAX_BYTES = 1 << 30
 
 
 def _connect(root: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
@@ -57,6 +67,8 @@ def _connect(root: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
         raise StoreError(f"cannot open {db_path}: {exc}") from exc
     except duckdb.Error as exc:
         raise StoreError(f"cannot open {db_path}: {exc}") from exc
+    if not read_only:  # checkpoints are scheduled by GraphStore.transaction (see CHECKPOINT_SHARE)
+        con.execute("SET checkpoint_threshold = '1TB'")
     try:  # DuckDB's bar would print on our stdout (into --json output)
         con.execute("SET enable_progress_bar = false")
     except duckdb.Error:  # in Jupyter without ipywidgets DuckDB refuses to touch the setting
@@ -332,10 +344,28 @@ class GraphStore:
                     with self._cursor_lock:
                         self._commits += 1
                         self._generation = None
+                self._checkpoint_if_due(con)
                 for callback in callbacks:
                     callback()
                 for publish in published:
                     publish()
+
+    def _checkpoint_if_due(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Checkpoint once the write-ahead log passes its share of the database file (called
+        after a commit, under the exclusive lock, so no reader has a transaction open)."""
+        db_path = self.root / DB_FILENAME
+        try:
+            wal = os.path.getsize(f"{db_path}.wal")
+            size = os.path.getsize(db_path)
+        except OSError:  # no log: nothing to checkpoint
+            return
+        due = min(max(CHECKPOINT_SHARE * size, CHECKPOINT_MIN_BYTES), CHECKPOINT_MAX_BYTES)
+        if wal < due:
+            return
+        try:
+            con.execute("CHECKPOINT")
+        except duckdb.Error as exc:  # the data is committed in the log; the next commit tries again
+            logger.debug("checkpoint skipped: %s", exc)
 
     def add_publisher(self, prepare: Callable[[GraphChanges], Callable[[], None] | None]) -> None:
         """Run ``prepare(changes)`` in every transaction right before its COMMIT, on the writing

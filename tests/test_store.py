@@ -596,3 +596,28 @@ def test_non_flat_vector_sets_stay_in_step_with_deletes(tmp_path, embedder, inli
     with hipgraph.open(path, embedder=embedder) as hg:
         assert hg.vectors.repaired == []
         check_consistency(hg)
+
+
+def test_writes_checkpoint_once_the_log_passes_its_share_of_the_database(tmp_path, embedder, inline_docs,
+                                                                         monkeypatch):
+    from hipgraph.store import database
+
+    wal = tmp_path / "idx" / f"{database.DB_FILENAME}.wal"
+    # a log far under the schedule's minimum stays a log: DuckDB's own 16 MB rule is off too
+    monkeypatch.setattr(database, "CHECKPOINT_MIN_BYTES", 1 << 40)
+    monkeypatch.setattr(database, "CHECKPOINT_MAX_BYTES", 1 << 40)
+    with hipgraph.open(tmp_path / "idx", create=True, config=index_config(), embedder=embedder) as hg:
+        setting = hg.store.con.execute("SELECT current_setting('checkpoint_threshold')").fetchall()[0][0]
+        assert setting.endswith(("GiB", "TiB")) and float(setting.split()[0]) > 900, setting  # 1 TB
+        hg.add_documents(inline_docs[:2])
+        logged = wal.stat().st_size
+        assert logged > 0
+        # once the log passes its share (here: any size), the commit that passed it checkpoints
+        monkeypatch.setattr(database, "CHECKPOINT_MIN_BYTES", 1)
+        monkeypatch.setattr(database, "CHECKPOINT_MAX_BYTES", 1)
+        hg.add_documents(inline_docs[2:4])
+        assert not wal.exists() or wal.stat().st_size < logged
+        assert hg.stats()["documents"] == 4
+    with hipgraph.open(tmp_path / "idx", read_only=True) as hg:
+        assert hg.stats()["documents"] == 4
+        check_consistency(hg)

@@ -365,7 +365,8 @@ class GraphStore:
         try:
             con.execute("CHECKPOINT")
         except duckdb.Error as exc:  # the data is committed in the log; the next commit tries again
-            logger.debug("checkpoint skipped: %s", exc)
+            # DuckDB's own threshold is off, so a checkpoint that keeps failing lets the log grow
+            logger.warning("checkpoint of %s skipped (the log holds %d MB): %s", db_path, wal >> 20, exc)
 
     def add_publisher(self, prepare: Callable[[GraphChanges], Callable[[], None] | None]) -> None:
         """Run ``prepare(changes)`` in every transaction right before its COMMIT, on the writing

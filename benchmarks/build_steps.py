@@ -18,6 +18,7 @@ import argparse
 import collections
 import functools
 import os
+import resource
 import shutil
 import sys
 import time
@@ -43,7 +44,8 @@ STEPS = [
     (pipeline, GRAPH_STEPS),  # the names the pipeline imported (each call is timed once, here)
     (pipeline.Indexer, ("_existing", "_resolve_existing", "_write")),
     (vector_set.VectorSet, ("apply",)),
-    (database.GraphStore, ("insert", "write_vectors", "allocate_ids", "bump_generation")),
+    (database.GraphStore, ("insert", "write_vectors", "allocate_ids", "bump_generation",
+                           "_checkpoint_if_due")),
 ]
 
 
@@ -79,7 +81,8 @@ def main() -> int:
     with hipgraph.open(args.out, create=True, config=config) as hg:
         report = hg.add_documents(docs, batch_size=args.batch_size)
     print(f"{args.size} passages (synthetic vectors and extractions), batches of {args.batch_size}: "
-          f"build {time.perf_counter() - t0:.1f} s; stages {({k: round(v, 1) for k, v in report.seconds.items()})}")
+          f"build {time.perf_counter() - t0:.1f} s; stages {({k: round(v, 1) for k, v in report.seconds.items()})}; "
+          f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     print(f"{'step':24s} {'total s':>8s} {'calls':>6s} {'first-quarter ms':>17s} {'last-quarter ms':>16s}")
     for name, values in sorted(TIMES.items(), key=lambda kv: -sum(kv[1])):
         q = max(1, len(values) // 4)

@@ -48,13 +48,6 @@ def log(msg: str) -> None:
     print(f"[gpu-check {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    pos = (len(values) - 1) * q
-    lo, hi = int(pos), min(int(pos) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
-
-
 def machine() -> dict[str, Any]:
     """What the run ran on: CPU model and count, GPU name, torch and FAISS builds."""
     info: dict[str, Any] = {"cpus": os.cpu_count()}
@@ -87,6 +80,7 @@ def run_device(args: argparse.Namespace) -> dict[str, Any]:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from index_throughput import load_records
+    from query_latency import percentile
 
     device, out = args._device, Path(args._db)
     shutil.rmtree(out, ignore_errors=True)

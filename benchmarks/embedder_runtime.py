@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 
 import hipgraph  # noqa: E402
 from hipgraph.config import EmbedderConfig  # noqa: E402
-from hipgraph.evaluation import evaluate, load_bundle  # noqa: E402
+from hipgraph.evaluation import distinct_docs, evaluate, load_bundle, recall_at  # noqa: E402
 from hipgraph.models.embedders import MiniLMEmbedder  # noqa: E402
 
 
@@ -57,14 +57,15 @@ def model_rows(bundle: Path, batch: int) -> list[dict]:
     probe = questions + passages[:400] + names[:300]
     reference = MiniLMEmbedder(EmbedderConfig(precision="fp32", runtime="torch")).embed(probe)
     rows = []
-    for label, cfg in [("torch auto", EmbedderConfig(runtime="torch")),
+    for label, cfg in [("auto (the default)", EmbedderConfig()),
+                       ("torch auto", EmbedderConfig(runtime="torch")),
                        ("torch fp32", EmbedderConfig(runtime="torch", precision="fp32")),
                        ("onnx fp32", EmbedderConfig(runtime="onnx", precision="fp32")),
                        ("onnx int8", EmbedderConfig(runtime="onnx", precision="int8"))]:
         emb = MiniLMEmbedder(cfg)
         emb.embed(["warm-up"])
-        used = "onnx" if emb._onnx else "torch"
-        verdict = emb._onnx.verdict.agreement if emb._onnx else None
+        used = "traced torch" if emb._traced else "onnx" if emb._onnx else "torch"
+        verdict = emb._traced.agreement if emb._traced else emb._onnx.verdict.agreement if emb._onnx else None
         if label == "onnx int8" and not emb._onnx:  # say what the refused export would have given
             from hipgraph.models import onnx_encoder
 
@@ -118,6 +119,14 @@ def retrieval_rows(db: Path, bundle: Path, modes: list[str]) -> list[dict]:
                         hg.retrieve(q["question"], k=5, mode=mode)
                         times.append(1000 * (time.perf_counter() - t0))
                     row[f"{mode} p50 ms"] = round(statistics.median(times), 2)
+                    if runtime == "auto":  # recall with every question embedded as a small call
+                        used = "traced" if emb._traced else "onnx" if emb._onnx else "torch"
+                        gold = [q for q in questions if q.get("gold_idx")]
+                        docs = [distinct_docs(hg.retrieve(q["question"], k=15, mode=mode))[:5]
+                                for q in gold]  # as evaluate(): 3 x the deepest cutoff
+                        for k in (2, 5):
+                            row[f"{mode} R@{k} ({used}, single calls)"] = round(100 * statistics.mean(
+                                recall_at(q["gold_idx"], d, k) for q, d in zip(gold, docs, strict=True)), 2)
             rows.append(row)
     return rows
 

@@ -4,9 +4,10 @@ Fast on CPU by four fair means, measured in ``benchmarks/index_throughput.py`` a
 ``benchmarks/embedder_runtime.py``: texts are sorted by token length and packed into batches
 under a padded-token budget (little padding), weights run in bf16 where the CPU computes bf16
 natively (cosine to fp32 > 0.9999), duplicate texts in one call are embedded once, and small
-calls (questions) run on ONNX Runtime (:mod:`hipgraph.models.onnx_encoder`: the same model
-exported and checked against torch), without the torch lock, so a question does not wait behind
-a batch another thread is embedding.
+calls (questions) run without the torch lock, so a question does not wait behind a batch another
+thread is embedding: on a traced copy of the bf16 model on one-thread helper threads where the
+model runs in bf16 (:mod:`hipgraph.models.traced_encoder`), else on ONNX Runtime
+(:mod:`hipgraph.models.onnx_encoder`: the same model exported and checked against torch).
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class MiniLMEmbedder:
         self._lock = threading.Lock()
         self._onnx = None  # OnnxEncoder, False when not used (unavailable or disagreeing)
         self._onnx_lock = threading.Lock()
+        self._traced = None  # TracedEncoder for small calls, False when not used
+        self._traced_lock = threading.Lock()
 
     # ------------------------------------------------------------------ loading
     def _load(self) -> None:
@@ -119,6 +122,11 @@ class MiniLMEmbedder:
         unique, inverse = np.unique(np.asarray(texts, dtype=object), return_inverse=True)
         small = len(unique) <= self.config.small_batch
         runtime = self.config.runtime
+        if runtime == "auto" and small:
+            traced = self._traced_encoder()
+            if traced:
+                vectors = traced.embed([str(t) for t in unique], batch_tokens=self.config.batch_tokens)
+                return vectors[inverse.reshape(-1)]
         if runtime == "onnx" or (runtime == "auto" and small):
             onnx = self._onnx_encoder()
             if onnx:
@@ -133,6 +141,28 @@ class MiniLMEmbedder:
             with _torch_threads(1 if small else None):
                 vectors = self._embed_unique([str(t) for t in unique])
         return vectors[inverse.reshape(-1)]
+
+    def _traced_encoder(self):
+        """The traced bf16 model for small calls (:mod:`hipgraph.models.traced_encoder`), built
+        on first use; None where it is not used: on CUDA, in fp32 or int8 (ONNX Runtime is the
+        faster runtime there), or when the trace disagrees with the eager model."""
+        if self._traced is None:
+            with self._traced_lock:
+                if self._traced is None:
+                    self._traced = self._load_traced() or False
+        return self._traced or None
+
+    def _load_traced(self):
+        from hipgraph.models import traced_encoder  # noqa: PLC0415
+
+        with self._lock:
+            if self._model is None:
+                self._load()
+            if self._device != "cpu" or self.precision != "bf16":
+                return None
+            return traced_encoder.build_traced_encoder(
+                self._model, self._tokenizer, self._embed_unique, max_length=self.config.max_length,
+                dimension=self.dimension, batch_tokens=self.config.batch_tokens)
 
     def _onnx_encoder(self):
         """The ONNX Runtime encoder, loaded (exported and checked once per machine) on first use;

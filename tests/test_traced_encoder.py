@@ -1,0 +1,107 @@
+"""Questions on a traced copy of the bf16 model: the real packaged MiniLM traced with TorchScript
+gives the eager model's vectors (one text and padded small batches), runs on one-thread helper
+threads without changing the process's torch threads, is refused when it disagrees, is not used
+in fp32, and serves many threads while another embeds a batch on torch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hipgraph.config import EmbedderConfig
+from hipgraph.models import traced_encoder
+from hipgraph.models.embedders import MiniLMEmbedder
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "musique_sample.json"
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    data = json.loads(SAMPLE.read_text())
+    return ([q["question"] for q in data["questions"]][:20]
+            + [f"{c['title']}\n{c['text']}" for c in data["corpus"]][:10]
+            + [c["title"] for c in data["corpus"]][:10])
+
+
+@pytest.fixture(scope="module")
+def eager_bf16() -> MiniLMEmbedder:
+    return MiniLMEmbedder(EmbedderConfig(precision="bf16", runtime="torch"))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("HIPGRAPH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_traced_questions_equal_the_eager_model_on_one_helper_thread(texts, eager_bf16):
+    emb = MiniLMEmbedder(EmbedderConfig(precision="bf16"))  # runtime auto
+    before = torch.get_num_threads()
+    singles = np.stack([emb.embed([t])[0] for t in texts])
+    assert emb._traced and emb._traced.agreement >= traced_encoder.MIN_AGREEMENT
+    assert emb._onnx is None  # ONNX Runtime was never needed
+    ref = eager_bf16.embed(texts)
+    assert (singles * ref).sum(axis=1).min() >= 0.9999
+    for lo in range(0, len(texts), 5):  # padded small calls: mixed lengths, up to small_batch
+        got = emb.embed(texts[lo:lo + 5])
+        assert (got * ref[lo:lo + 5]).sum(axis=1).min() >= 0.9999, lo
+    assert np.allclose(np.linalg.norm(singles, axis=1), 1.0, atol=1e-5)
+    assert emb._traced.helper_threads() == 1  # its helpers run on one OpenMP thread each
+    assert torch.get_num_threads() == before  # and the process's own count is untouched
+    batch = emb.embed(texts)  # more than small_batch texts: the eager model, all threads
+    assert np.allclose(batch, ref, atol=1e-6)
+
+
+def test_a_disagreeing_trace_is_refused(cache, texts, eager_bf16, monkeypatch, caplog):
+    monkeypatch.setattr(traced_encoder, "MIN_AGREEMENT", 1.5)  # no trace can agree this well
+    emb = MiniLMEmbedder(EmbedderConfig(precision="bf16"))
+    with caplog.at_level(logging.WARNING, logger="hipgraph.models.traced_encoder"):
+        vec = emb.embed([texts[0]])
+    assert emb._traced is False
+    assert any("questions use the other runtimes" in r.getMessage() for r in caplog.records)
+    assert emb._onnx and emb._onnx.verdict.usable  # the question went to ONNX Runtime instead
+    assert float(vec[0] @ eager_bf16.embed([texts[0]])[0]) >= 0.9999
+
+
+def test_fp32_questions_stay_on_onnx(cache, texts):
+    emb = MiniLMEmbedder(EmbedderConfig(precision="fp32"))
+    emb.embed([texts[0]])
+    assert emb._traced is False and emb._onnx  # ONNX fp32 is the faster runtime in fp32
+
+
+def test_traced_questions_from_many_threads_beside_a_torch_batch(texts):
+    emb = MiniLMEmbedder(EmbedderConfig(precision="bf16"))
+    questions = texts[:20]
+    serial = {q: emb.embed([q])[0] for q in questions}
+    batch_ref = emb.embed(texts)
+    assert emb._traced
+    errors: list[str] = []
+    barrier = threading.Barrier(9)
+
+    def asker(i: int) -> None:
+        barrier.wait()
+        for n in range(3 * len(questions)):
+            q = questions[(i + n) % len(questions)]
+            if not np.allclose(emb.embed([q])[0], serial[q], atol=1e-6):
+                errors.append(f"thread {i}: {q!r} differs")
+
+    def batcher() -> None:
+        barrier.wait()
+        for _ in range(3):
+            if not np.allclose(emb.embed(texts), batch_ref, atol=1e-6):
+                errors.append("the torch batch differs")
+
+    threads = [threading.Thread(target=asker, args=(i,)) for i in range(8)]
+    threads.append(threading.Thread(target=batcher))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []

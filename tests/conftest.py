@@ -657,3 +657,37 @@ def cli_in_process(*args: str) -> int:
         return cli_main(list(args))
     finally:
         root.handlers[:], root.level = handlers, level
+
+
+def embed_questions_beside_a_batch(emb, questions: list[str], texts: list[str], atol: float,
+                                   askers: int = 8) -> list[str]:
+    """``askers`` threads embed ``questions`` (small calls, 3 rounds each) while another embeds
+    ``texts`` as one batch 3 times, all on ``emb``; what differed from serial calls."""
+    import threading  # noqa: PLC0415
+
+    serial = {q: emb.embed([q])[0] for q in questions}
+    batch_ref = emb.embed(texts)
+    errors: list[str] = []
+    barrier = threading.Barrier(askers + 1)
+
+    def asker(i: int) -> None:
+        barrier.wait()
+        for n in range(3 * len(questions)):
+            q = questions[(i + n) % len(questions)]
+            if not np.allclose(emb.embed([q])[0], serial[q], atol=atol):
+                errors.append(f"thread {i}: {q!r} differs")
+
+    def batcher() -> None:
+        barrier.wait()
+        for _ in range(3):
+            if not np.allclose(emb.embed(texts), batch_ref, atol=atol):
+                errors.append("the torch batch differs")
+
+    threads = [threading.Thread(target=asker, args=(i,)) for i in range(askers)]
+    threads.append(threading.Thread(target=batcher))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    errors.extend(f"{t.name} still running" for t in threads if t.is_alive())
+    return errors

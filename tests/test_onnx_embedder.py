@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import embed_questions_beside_a_batch
 
 from hipgraph.config import EmbedderConfig
 from hipgraph.models import onnx_encoder
@@ -74,31 +74,6 @@ def test_a_refused_export_leaves_torch_embedding(cache, texts, torch_fp32, monke
 
 def test_questions_from_many_threads_beside_a_torch_batch(texts):
     emb = MiniLMEmbedder(EmbedderConfig(precision="fp32", runtime="auto"))
-    questions = texts[:20]
-    serial = {q: emb.embed([q])[0] for q in questions}
-    batch_ref = emb.embed(texts)  # more than small_batch texts: torch
-    assert emb._onnx
-    errors: list[str] = []
-    barrier = threading.Barrier(9)
-
-    def asker(i: int) -> None:
-        barrier.wait()
-        for n in range(3 * len(questions)):
-            q = questions[(i + n) % len(questions)]
-            if not np.allclose(emb.embed([q])[0], serial[q], atol=1e-5):
-                errors.append(f"thread {i}: {q!r} differs")
-
-    def batcher() -> None:
-        barrier.wait()
-        for _ in range(3):
-            if not np.allclose(emb.embed(texts), batch_ref, atol=1e-5):
-                errors.append("the torch batch differs")
-
-    threads = [threading.Thread(target=asker, args=(i,)) for i in range(8)]
-    threads.append(threading.Thread(target=batcher))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not any(t.is_alive() for t in threads)
+    errors = embed_questions_beside_a_batch(emb, texts[:20], texts, atol=1e-5)
+    assert emb._onnx  # the questions ran on it
     assert errors == []

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import embed_questions_beside_a_batch
 
 from hipgraph.config import EmbedderConfig
 from hipgraph.models import traced_encoder
@@ -77,31 +77,6 @@ def test_fp32_questions_stay_on_onnx(cache, texts):
 
 def test_traced_questions_from_many_threads_beside_a_torch_batch(texts):
     emb = MiniLMEmbedder(EmbedderConfig(precision="bf16"))
-    questions = texts[:20]
-    serial = {q: emb.embed([q])[0] for q in questions}
-    batch_ref = emb.embed(texts)
-    assert emb._traced
-    errors: list[str] = []
-    barrier = threading.Barrier(9)
-
-    def asker(i: int) -> None:
-        barrier.wait()
-        for n in range(3 * len(questions)):
-            q = questions[(i + n) % len(questions)]
-            if not np.allclose(emb.embed([q])[0], serial[q], atol=1e-6):
-                errors.append(f"thread {i}: {q!r} differs")
-
-    def batcher() -> None:
-        barrier.wait()
-        for _ in range(3):
-            if not np.allclose(emb.embed(texts), batch_ref, atol=1e-6):
-                errors.append("the torch batch differs")
-
-    threads = [threading.Thread(target=asker, args=(i,)) for i in range(8)]
-    threads.append(threading.Thread(target=batcher))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not any(t.is_alive() for t in threads)
+    errors = embed_questions_beside_a_batch(emb, texts[:20], texts, atol=1e-6)
+    assert emb._traced  # the questions ran on it
     assert errors == []

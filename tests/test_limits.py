@@ -6,6 +6,7 @@ into exit status 2 with a one-line message - on real DuckDB, FAISS, MiniLM and s
 from __future__ import annotations
 
 import json
+import math
 import tracemalloc
 
 import numpy as np
@@ -28,6 +29,20 @@ def _dicts(batches):
     return [[h.to_dict() for h in hits] for hits in batches]
 
 
+def _same(a, b) -> bool:
+    """Equal hits, floats within 1e-6 relative. On a loaded machine the same question's vector
+    was seen to differ by 3e-8 between two calls (ONNX Runtime on a query helper thread; the
+    same session alone gave one output in 200 runs, cause not established), moving PPR scores by
+    ~1e-9 and nothing else; the test is about k, not about the last bits."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
 def _peak(call):
     """``call()``'s result and the peak of Python/numpy memory traced while it ran."""
     tracemalloc.start()
@@ -48,7 +63,7 @@ def test_k_beyond_the_index_returns_all_passages_at_no_extra_cost(inline_index, 
     assert all(len(hits) <= n for hits in at_n) and at_n[0]
     for k in HUGE_KS:
         got, peak = _peak(lambda k=k: hg.retrieve_many(questions, k=k, mode=mode))
-        assert _dicts(got) == _dicts(at_n), (mode, k)
+        assert _same(_dicts(got), _dicts(at_n)), (mode, k)
         assert peak < PEAK_BYTES, (mode, k, peak)
 
 
@@ -83,7 +98,7 @@ def test_conversation_memory_clamps_k_and_its_candidates(make_index):
             assert len(at_n[0]) == size and at_n[0][0].turn_ids
             got, peak = _peak(lambda mode=mode, cfg=cfg: hg.retrieve_many(
                 ["Where did Ana move in January?"], k=10**12, mode=mode, config=cfg))
-            assert _dicts(got) == _dicts(at_n), (hits, mode)
+            assert _same(_dicts(got), _dicts(at_n)), (hits, mode)
             assert peak < PEAK_BYTES, (hits, mode, peak)
 
 

@@ -1,5 +1,5 @@
 """What the README promises and no other test checked: worker processes (2N batches in flight,
-torch threads = cores / N), queries on one thread (torch or ONNX Runtime), one embedding call per retrieve_many,
+torch threads = cores / N), queries on one thread (torch or ONNX Runtime; the traced bf16 model in tests/test_traced_encoder.py), one embedding call per retrieve_many,
 bf16 against fp32, the BM25 cache after writes and deletes, the FAISS auto layout and its
 retraining, the DuckDB memory cap, ids never reused, time_mode="filter" and fact validity for
 relations with many objects - on real DuckDB, FAISS, MiniLM, spaCy and worker processes."""

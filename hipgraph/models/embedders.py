@@ -238,6 +238,46 @@ def token_batches(lengths: np.ndarray, budget: int):
         start += size
 
 
+def encode_padded(tokenizer, texts: Sequence[str], run, *, max_length: int, batch_tokens: int,
+                  dimension: int) -> np.ndarray:
+    """One row per text: the texts tokenized, packed into :func:`token_batches` and each batch
+    handed to ``run(input_ids, attention_mask)`` (int64 arrays, zero-padded on the right), which
+    returns the batch's vectors."""
+    encoded = tokenizer(list(texts), truncation=True, max_length=max_length,
+                        add_special_tokens=True)["input_ids"]
+    lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
+    out = np.empty((len(encoded), dimension), dtype=np.float32)
+    for batch_idx in token_batches(lengths, batch_tokens):
+        width = max(1, int(lengths[batch_idx[0]]))  # the longest comes first
+        ids = np.zeros((len(batch_idx), width), dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for row, i in enumerate(batch_idx):
+            ids[row, :lengths[i]] = encoded[i]
+            mask[row, :lengths[i]] = 1
+        out[batch_idx] = run(ids, mask)
+    return out
+
+
+def pooled_model(model):
+    """``model`` returning what the embedder returns: mean-pooled, L2-normalized float32 vectors
+    (the module the ONNX export and the trace are made from)."""
+    import torch  # noqa: PLC0415
+
+    class Pooled(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            hidden = self.inner(input_ids=input_ids, attention_mask=attention_mask,
+                                token_type_ids=token_type_ids).last_hidden_state
+            if hidden.dtype != torch.float32:  # decided when traced: bf16 models pool in float32
+                hidden = hidden.float()
+            return mean_pool(hidden, attention_mask)
+
+    return Pooled(model).eval()
+
+
 def mean_pool(hidden, attention_mask):
     """Sentence vectors: the mean of the token states under the mask, L2-normalized (torch)."""
     import torch  # noqa: PLC0415

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hipgraph.models.embedders import mean_pool, token_batches
+from hipgraph.models.embedders import encode_padded, pooled_model
 
 logger = logging.getLogger(__name__)
 
@@ -146,20 +146,13 @@ class OnnxEncoder:
     def embed(self, texts: Sequence[str], *, threads: int, batch_tokens: int) -> np.ndarray:
         """Embeddings of ``texts`` (length-sorted batches under ``batch_tokens`` padded tokens)."""
         session = self.session(threads)
-        encoded = self.tokenizer(list(texts), truncation=True, max_length=self.max_length,
-                                 add_special_tokens=True)["input_ids"]
-        lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
-        out = np.empty((len(encoded), self.dimension), dtype=np.float32)
-        for batch_idx in token_batches(lengths, batch_tokens):
-            width = max(1, int(lengths[batch_idx[0]]))
-            ids = np.zeros((len(batch_idx), width), dtype=np.int64)
-            mask = np.zeros_like(ids)
-            for row, i in enumerate(batch_idx):
-                ids[row, :lengths[i]] = encoded[i]
-                mask[row, :lengths[i]] = 1
-            out[batch_idx] = session.run(None, {"input_ids": ids, "attention_mask": mask,
-                                                "token_type_ids": np.zeros_like(ids)})[0]
-        return out
+
+        def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            return session.run(None, {"input_ids": ids, "attention_mask": mask,
+                                      "token_type_ids": np.zeros_like(ids)})[0]
+
+        return encode_padded(self.tokenizer, texts, run, max_length=self.max_length,
+                             batch_tokens=batch_tokens, dimension=self.dimension)
 
 
 def load_onnx_encoder(model_path: Path, tokenizer, *, precision: str, max_length: int,
@@ -184,22 +177,6 @@ def _read_verdict(stamp: Path) -> Verdict | None:
         return None
 
 
-def _pooled(model):
-    """``model`` with mean pooling and L2 normalization, as the torch embedder computes them."""
-    import torch  # noqa: PLC0415
-
-    class Pooled(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            return mean_pool(self.inner(input_ids=input_ids, attention_mask=attention_mask,
-                                        token_type_ids=token_type_ids).last_hidden_state, attention_mask)
-
-    return Pooled(model).eval()
-
-
 def _export(model_path: Path, tokenizer, precision: str, max_length: int, dimension: int,
             folder: Path) -> Verdict:
     """Export (and quantize), check against torch fp32 on :data:`PROBE`, and publish the file
@@ -207,7 +184,7 @@ def _export(model_path: Path, tokenizer, precision: str, max_length: int, dimens
     import torch  # noqa: PLC0415
     from transformers import AutoModel  # noqa: PLC0415
 
-    model = _pooled(AutoModel.from_pretrained(str(model_path), attn_implementation="eager").eval())
+    model = pooled_model(AutoModel.from_pretrained(str(model_path), attn_implementation="eager").eval())
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".export-") as tmp:
         fp32 = Path(tmp) / "fp32.onnx"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hipgraph.models.embedders import mean_pool, token_batches
+from hipgraph.models.embedders import encode_padded, pooled_model
 from hipgraph.models.onnx_encoder import PROBE
 
 logger = logging.getLogger(__name__)
@@ -81,25 +81,6 @@ def _quiet(name: str):
         log.setLevel(before)
 
 
-class _Pooled:
-    """``model`` with mean pooling and L2 normalization (the eager embedder's output)."""
-
-    @staticmethod
-    def wrap(model):
-        import torch  # noqa: PLC0415
-
-        class Pooled(torch.nn.Module):
-            def __init__(self, inner):
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, input_ids, attention_mask):
-                hidden = self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-                return mean_pool(hidden.float(), attention_mask)
-
-        return Pooled(model).eval()
-
-
 class TracedEncoder:
     """Unit-norm embeddings from a frozen TorchScript trace, run on one-thread helper threads
     (safe from many threads at once: each call runs on one helper)."""
@@ -123,20 +104,13 @@ class TracedEncoder:
     def _embed(self, texts: list[str], batch_tokens: int) -> np.ndarray:
         import torch  # noqa: PLC0415
 
-        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length,
-                                 add_special_tokens=True)["input_ids"]
-        lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
-        out = np.empty((len(texts), self.dimension), dtype=np.float32)
+        def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            ids, mask = torch.from_numpy(ids), torch.from_numpy(mask)
+            return self.module(ids, mask, torch.zeros_like(ids)).numpy()
+
         with torch.inference_mode():
-            for batch_idx in token_batches(lengths, batch_tokens):
-                width = max(1, int(lengths[batch_idx[0]]))
-                ids = torch.zeros((len(batch_idx), width), dtype=torch.long)
-                mask = torch.zeros_like(ids)
-                for row, i in enumerate(batch_idx):
-                    ids[row, :lengths[i]] = torch.as_tensor(encoded[i])
-                    mask[row, :lengths[i]] = 1
-                out[batch_idx] = self.module(ids, mask).numpy()
-        return out
+            return encode_padded(self.tokenizer, texts, run, max_length=self.max_length,
+                                 batch_tokens=batch_tokens, dimension=self.dimension)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
@@ -159,7 +133,8 @@ def build_traced_encoder(model, tokenizer, eager: Callable[[list[str]], np.ndarr
         with torch.inference_mode(), warnings.catch_warnings(), _quiet(_TRANSFORMERS_LOGGER):
             for category in (torch.jit.TracerWarning, DeprecationWarning, FutureWarning):
                 warnings.filterwarnings("ignore", category=category)
-            traced = torch.jit.trace(_Pooled.wrap(model), (sample["input_ids"], sample["attention_mask"]),
+            ids, mask = sample["input_ids"], sample["attention_mask"]
+            traced = torch.jit.trace(pooled_model(model), (ids, mask, torch.zeros_like(ids)),
                                      check_trace=False)
             module = torch.jit.freeze(traced)
     except Exception as exc:  # noqa: BLE001 - the eager model still embeds; the reason is logged

@@ -10,6 +10,11 @@ the export's verdict (lowest cosine to torch fp32 on the fixed probe texts), the
 fp32 over the bundle's texts (min, mean), one question a call on one thread (p50, p95; a call of
 up to ``small_batch`` texts runs on one thread), and passages/s in calls of 256 on all threads.
 
+Part 1b, one question, interleaved (each question through every path in turn, ``--rounds``
+times, so that drift in the machine's speed falls on all alike): ``embed([question])`` on the
+default trace (linear layers on prepacked weights), on the plain trace, on ONNX fp32 and on
+eager torch; p50, p95 and the ratio to the plain trace, the reference.
+
 Part 2, retrieval, for each ``--index DB=BUNDLE``: recall@2/@5 per mode with every question
 embedded by torch and by ONNX fp32 (the index's stored vectors are the same in both), and
 single-call ``retrieve`` p50 per mode with ``runtime=torch`` and with the default ``auto``.
@@ -97,6 +102,38 @@ def model_rows(bundle: Path, batch: int) -> list[dict]:
     return rows
 
 
+def question_rows(bundle: Path, rounds: int) -> list[dict]:
+    from hipgraph.models import traced_encoder
+
+    questions, _, _ = texts_of(bundle)
+    packed = MiniLMEmbedder()
+    packed.embed(["warm-up"])
+    plain = MiniLMEmbedder()  # its small calls go to a plain trace of the same model
+    plain._traced = traced_encoder.build_traced_encoder(
+        packed._model, packed._tokenizer, packed._embed_unique, max_length=packed.config.max_length,
+        dimension=packed.dimension, batch_tokens=packed.config.batch_tokens, pack=False) or False
+    onnx = MiniLMEmbedder(EmbedderConfig(runtime="onnx", precision="fp32"))
+    eager = MiniLMEmbedder(EmbedderConfig(runtime="torch"))
+    paths = {"traced, prepacked (default)": packed, "traced, plain": plain, "onnx fp32": onnx,
+             "torch eager": eager}
+    times: dict[str, list[float]] = {label: [] for label in paths}
+    for emb in paths.values():
+        for q in questions[:10]:
+            emb.embed([q])
+    for _ in range(rounds):
+        for q in questions:
+            for label, emb in paths.items():
+                t0 = time.perf_counter()
+                emb.embed([q])
+                times[label].append(1000 * (time.perf_counter() - t0))
+    reference = pct(times["traced, plain"], 0.5)
+    return [{"path": label, "runs_on": "traced" + (" packed" if emb._traced.packed else "")
+             if emb._traced else "onnx" if emb._onnx else "torch",
+             "p50_ms": round(pct(times[label], 0.5), 2), "p95_ms": round(pct(times[label], 0.95), 2),
+             "ratio_to_plain_trace": round(pct(times[label], 0.5) / reference, 3)}
+            for label, emb in paths.items()]
+
+
 def retrieval_rows(db: Path, bundle: Path, modes: list[str]) -> list[dict]:
     questions = load_bundle(bundle)["questions"]
     with hipgraph.open(db, read_only=True) as probe:
@@ -138,9 +175,11 @@ def main() -> int:
                         help="an index and the bundle it was built from (part 2; repeatable)")
     parser.add_argument("--modes", default="dense,graph,hybrid")
     parser.add_argument("--batch", type=int, default=256, help="passages per throughput call")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the interleaved questions")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    out = {"cpus": os.cpu_count(), "model": model_rows(args.bundle, args.batch), "retrieval": []}
+    out = {"cpus": os.cpu_count(), "model": model_rows(args.bundle, args.batch),
+           "questions": question_rows(args.bundle, args.rounds), "retrieval": []}
     modes = [m for m in args.modes.split(",") if m]
     for spec in args.index:
         db, _, bundle = spec.partition("=")
@@ -156,6 +195,9 @@ def main() -> int:
         extra = f"  (refused export: min cos {r['refused_min_cos']}, mean {r['refused_mean_cos']})" \
             if "refused_min_cos" in r else ""
         print(" | ".join(str(r.get(k)) for k in keys) + extra)
+    print(f"one question, interleaved over {args.rounds} rounds:")
+    for r in out["questions"]:
+        print(", ".join(f"{k} {v}" for k, v in r.items()))
     for r in out["retrieval"]:
         print(", ".join(f"{k} {v}" for k, v in r.items()))
     return 0

@@ -80,3 +80,43 @@ def test_traced_questions_from_many_threads_beside_a_torch_batch(texts):
     errors = embed_questions_beside_a_batch(emb, texts[:20], texts, atol=1e-6)
     assert emb._traced  # the questions ran on it
     assert errors == []
+
+
+def test_the_trace_runs_on_prepacked_weights_and_leaves_the_model_alone(texts, eager_bf16):
+    emb = MiniLMEmbedder(EmbedderConfig(precision="bf16"))
+    emb.embed([texts[0]])
+    before = {name: p.clone() for name, p in emb._model.named_parameters()}
+    assert emb._traced and emb._traced.packed  # the faster trace was the one used
+    assert all(isinstance(m, torch.nn.Linear) for name, m in emb._model.named_modules()
+               if name.endswith(("query", "key", "value", "dense")))  # the eager model is unchanged
+    got = np.stack([emb.embed([t])[0] for t in texts])
+    assert (got * eager_bf16.embed(texts)).sum(axis=1).min() >= 0.9999
+    assert all(torch.equal(p, before[name]) for name, p in emb._model.named_parameters())
+
+
+def test_a_disagreeing_packed_trace_falls_back_to_the_plain_one(texts, eager_bf16, monkeypatch,
+                                                                caplog):
+    from hipgraph.models import packed_linear
+
+    real = packed_linear.with_packed_linears
+
+    def damaged(model):  # a real packed copy whose first layer packs a reversed weight
+        clone = real(model)
+        name, linear = next((n, m) for n, m in model.named_modules()
+                            if isinstance(m, torch.nn.Linear))
+        wrong = torch.nn.Linear(linear.in_features, linear.out_features).to(linear.weight.dtype)
+        with torch.no_grad():
+            wrong.weight.copy_(torch.flip(linear.weight, dims=[0]))
+            wrong.bias.copy_(linear.bias)
+        parent, _, leaf = name.rpartition(".")
+        setattr(clone.get_submodule(parent), leaf, packed_linear.PackedLinear(wrong))
+        return clone
+
+    monkeypatch.setattr(packed_linear, "with_packed_linears", damaged)
+    emb = MiniLMEmbedder(EmbedderConfig(precision="bf16"))
+    with caplog.at_level(logging.INFO, logger="hipgraph.models.traced_encoder"):
+        vec = emb.embed([texts[0]])
+    assert emb._traced and not emb._traced.packed
+    assert any("packed trace agrees with the eager model only" in r.getMessage()
+               for r in caplog.records)
+    assert float(vec[0] @ eager_bf16.embed([texts[0]])[0]) >= 0.9999

@@ -275,7 +275,7 @@ def _duckdb_shows(limit: str) -> str:
         con.close()
 
 
-def test_duckdb_memory_cap_is_2gb_and_the_environment_overrides_it(tmp_path, monkeypatch):
+def test_duckdb_memory_cap_is_1gb_and_the_environment_overrides_it(tmp_path, monkeypatch):
     monkeypatch.delenv("HIPGRAPH_DUCKDB_MEMORY_LIMIT", raising=False)
     config = _model_free_config(tmp_path, [])
     path = tmp_path / "ix"
@@ -284,9 +284,9 @@ def test_duckdb_memory_cap_is_2gb_and_the_environment_overrides_it(tmp_path, mon
         return hg.store.con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
 
     with hipgraph.open(path, create=True, config=config) as hg:
-        assert limit(hg) == _duckdb_shows("2GB")
+        assert limit(hg) == _duckdb_shows("1GB")
     monkeypatch.setenv("HIPGRAPH_DUCKDB_MEMORY_LIMIT", "300MB")
-    assert _duckdb_shows("300MB") != _duckdb_shows("2GB")
+    assert _duckdb_shows("300MB") != _duckdb_shows("1GB")
     with hipgraph.open(path) as hg:
         assert limit(hg) == _duckdb_shows("300MB")
     with hipgraph.open(path, read_only=True) as hg:

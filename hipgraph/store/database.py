@@ -53,8 +53,10 @@ DEFAULT_MEMORY_LIMIT = "1GB"
 # stores switch that off and checkpoint after a commit once the log passes this share of the
 # database file (at least the minimum, at most the maximum), so a growing index checkpoints ever
 # more rarely; DuckDB checkpoints on close as before, and a crash replays at most that much log.
+# The minimum was 64 MB until 2026-12-05: 256 MB skips the early checkpoints of a growing build
+# (100k synthetic passages 85.0 -> 69.2 s; 2Wiki's write stage 7.8 -> 4.1 s, peak RSS 1.83 GiB).
 CHECKPOINT_SHARE = 0.25
-CHECKPOINT_MIN_BYTES = 64 << 20
+CHECKPOINT_MIN_BYTES = 256 << 20
 CHECKPOINT_MAX_BYTES = 1 << 30
 
 

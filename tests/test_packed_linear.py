@@ -8,9 +8,13 @@ import pytest
 import torch
 
 from hipgraph.models.embedders import MiniLMEmbedder
-from hipgraph.models.packed_linear import PackedLinear, with_packed_linears
+from hipgraph.models.packed_linear import PackedLinear, packing_supported, with_packed_linears
+
+needs_packing = pytest.mark.skipif(
+    not packing_supported(), reason="this CPU cannot prepack bf16 weights (no AVX512-BW/VL/DQ or AVX-NE-CONVERT)")
 
 
+@needs_packing
 @pytest.mark.parametrize("shape", [(1, 384), (20, 384), (3, 17, 384), (2048, 384)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_packed_linear_equals_linear(shape, bias):
@@ -26,6 +30,7 @@ def test_packed_linear_equals_linear(shape, bias):
     assert torch.allclose(got.float(), want, rtol=1 / 64, atol=1 / 32)
 
 
+@needs_packing
 def test_packed_copy_of_the_packaged_model_shares_all_but_its_linears():
     emb = MiniLMEmbedder()
     emb.embed(["load"])
@@ -38,3 +43,10 @@ def test_packed_copy_of_the_packaged_model_shares_all_but_its_linears():
     word = model.embeddings.word_embeddings.weight
     assert clone.embeddings.word_embeddings.weight is word  # shared, not copied
     assert clone.get_submodule(linears[0]).bias is model.get_submodule(linears[0]).bias
+
+
+@pytest.mark.skipif(packing_supported(), reason="this CPU can prepack bf16 weights")
+def test_where_the_cpu_cannot_pack_the_copy_is_refused_with_the_reason():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8)).to(torch.bfloat16).eval()
+    with pytest.raises(RuntimeError, match="cannot prepack bf16 weights"):
+        with_packed_linears(model)

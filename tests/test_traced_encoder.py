@@ -17,6 +17,10 @@ from conftest import embed_questions_beside_a_batch
 from hipgraph.config import EmbedderConfig
 from hipgraph.models import traced_encoder
 from hipgraph.models.embedders import MiniLMEmbedder
+from hipgraph.models.packed_linear import packing_supported
+
+needs_packing = pytest.mark.skipif(
+    not packing_supported(), reason="this CPU cannot prepack bf16 weights (no AVX512-BW/VL/DQ or AVX-NE-CONVERT)")
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "musique_sample.json"
 
@@ -82,6 +86,7 @@ def test_traced_questions_from_many_threads_beside_a_torch_batch(texts):
     assert errors == []
 
 
+@needs_packing
 def test_the_trace_runs_on_prepacked_weights_and_leaves_the_model_alone(texts, eager_bf16):
     emb = MiniLMEmbedder(EmbedderConfig(precision="bf16"))
     emb.embed([texts[0]])
@@ -94,6 +99,7 @@ def test_the_trace_runs_on_prepacked_weights_and_leaves_the_model_alone(texts, e
     assert all(torch.equal(p, before[name]) for name, p in emb._model.named_parameters())
 
 
+@needs_packing
 def test_a_disagreeing_packed_trace_falls_back_to_the_plain_one(texts, eager_bf16, monkeypatch,
                                                                 caplog):
     from hipgraph.models import packed_linear
@@ -119,4 +125,20 @@ def test_a_disagreeing_packed_trace_falls_back_to_the_plain_one(texts, eager_bf1
     assert emb._traced and not emb._traced.packed
     assert any("packed trace agrees with the eager model only" in r.getMessage()
                for r in caplog.records)
+    assert float(vec[0] @ eager_bf16.embed([texts[0]])[0]) >= 0.9999
+
+
+def test_a_packed_copy_that_cannot_be_made_falls_back_to_the_plain_trace(texts, eager_bf16,
+                                                                        monkeypatch, caplog):
+    from hipgraph.models import packed_linear
+
+    def refused(model):  # what a CPU without bf16 reorders raises
+        raise RuntimeError("this CPU cannot prepack bf16 weights for oneDNN")
+
+    monkeypatch.setattr(packed_linear, "with_packed_linears", refused)
+    emb = MiniLMEmbedder(EmbedderConfig(precision="bf16"))
+    with caplog.at_level(logging.INFO, logger="hipgraph.models.traced_encoder"):
+        vec = emb.embed([texts[0]])
+    assert emb._traced and not emb._traced.packed
+    assert any("packed trace failed: this CPU cannot prepack" in r.getMessage() for r in caplog.records)
     assert float(vec[0] @ eager_bf16.embed([texts[0]])[0]) >= 0.9999

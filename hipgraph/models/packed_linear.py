@@ -48,12 +48,28 @@ class PackedLinear(torch.nn.Module):
         return _scripted_linear()(x, self.packed_weight, self.bias)
 
 
+@functools.lru_cache(maxsize=1)
+def packing_supported() -> bool:
+    """Whether this torch build and CPU can reorder a bf16 weight for oneDNN: the bf16 reorder
+    needs AVX512-BW/VL/DQ or AVX-NE-CONVERT, and raises on CPUs with AVX2 only."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=torch.bfloat16), PACKED_ROWS)
+    except RuntimeError:
+        return False
+    return True
+
+
 def with_packed_linears(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model`` whose ``torch.nn.Linear`` layers are :class:`PackedLinear`; every other
     parameter and buffer is shared with ``model``, which is left unchanged. For a CPU model in
-    eval mode; raises where this torch build lacks the oneDNN operators."""
+    eval mode; raises where this torch build or CPU cannot prepack bf16 weights."""
     if not torch.backends.mkldnn.is_available():
         raise RuntimeError("this torch build has no oneDNN (mkldnn)")
+    if not packing_supported():
+        raise RuntimeError("this CPU cannot prepack bf16 weights for oneDNN "
+                           "(it needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)")
     shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     clone = copy.deepcopy(model, shared)
     with torch.inference_mode():

@@ -23,7 +23,12 @@ import pytest  # noqa: E402
 
 import hipgraph  # noqa: E402
 from hipgraph.config import EmbedderConfig, IndexConfig, SynonymConfig  # noqa: E402
+from hipgraph.models.packed_linear import packing_supported  # noqa: E402
 from hipgraph.store.schema import VECTOR_KINDS  # noqa: E402
+
+# tests of real bf16 weight prepacking: oneDNN's reorder needs AVX512-BW/VL/DQ or AVX-NE-CONVERT
+needs_packing = pytest.mark.skipif(
+    not packing_supported(), reason="this CPU cannot prepack bf16 weights (no AVX512-BW/VL/DQ or AVX-NE-CONVERT)")
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_BUNDLE = REPO / "data" / "musique_sample.json"

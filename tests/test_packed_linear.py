@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import needs_packing
 
 from hipgraph.models.embedders import MiniLMEmbedder
 from hipgraph.models.packed_linear import PackedLinear, packing_supported, with_packed_linears
-
-needs_packing = pytest.mark.skipif(
-    not packing_supported(), reason="this CPU cannot prepack bf16 weights (no AVX512-BW/VL/DQ or AVX-NE-CONVERT)")
 
 
 @needs_packing

@@ -12,15 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import embed_questions_beside_a_batch
+from conftest import embed_questions_beside_a_batch, needs_packing
 
 from hipgraph.config import EmbedderConfig
 from hipgraph.models import traced_encoder
 from hipgraph.models.embedders import MiniLMEmbedder
-from hipgraph.models.packed_linear import packing_supported
-
-needs_packing = pytest.mark.skipif(
-    not packing_supported(), reason="this CPU cannot prepack bf16 weights (no AVX512-BW/VL/DQ or AVX-NE-CONVERT)")
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "musique_sample.json"
 

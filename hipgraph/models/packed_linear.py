@@ -65,11 +65,9 @@ def with_packed_linears(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model`` whose ``torch.nn.Linear`` layers are :class:`PackedLinear`; every other
     parameter and buffer is shared with ``model``, which is left unchanged. For a CPU model in
     eval mode; raises where this torch build or CPU cannot prepack bf16 weights."""
-    if not torch.backends.mkldnn.is_available():
-        raise RuntimeError("this torch build has no oneDNN (mkldnn)")
     if not packing_supported():
-        raise RuntimeError("this CPU cannot prepack bf16 weights for oneDNN "
-                           "(it needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)")
+        raise RuntimeError("this torch build or CPU cannot prepack bf16 weights for oneDNN "
+                           "(it needs oneDNN, and AVX512-BW/VL/DQ or AVX-NE-CONVERT)")
     shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     clone = copy.deepcopy(model, shared)
     with torch.inference_mode():

@@ -31,6 +31,7 @@ from hipgraph.errors import (
     SchemaVersionError,
     StoreError,
 )
+from hipgraph.store import vectors as vectors_module
 from hipgraph.store.schema import SCHEMA_VERSION, VECTOR_KINDS
 from hipgraph.store.vectors import FaissVectorIndex
 
@@ -572,6 +573,31 @@ def test_range_search_probes_the_lists_asked_for_without_changing_the_index():
     flat.build(np.arange(n, dtype=np.int64), stored)
     assert [ids.tolist() for ids, _ in flat.range_search(queries, 0.5, nprobe=1)] == \
            [ids.tolist() for ids, _ in flat.range_search(queries, 0.5)]
+
+
+def test_flat_range_search_equals_faiss_range_search_after_removals(monkeypatch):
+    # the flat layout's range search runs as blocked BLAS products on the stored vectors; FAISS's
+    # own range search over the same index is the reference (ids, order and scores)
+    d, n = 48, 2500
+    stored = _unit(n, d, seed=8)
+    stored[1000:1200] = stored[:200] + 0.3 * _unit(200, d, seed=9)  # near neighbours to find
+    stored /= np.linalg.norm(stored, axis=1, keepdims=True)
+    ids = np.random.default_rng(4).permutation(10 * n)[:n].astype(np.int64)
+    index = FaissVectorIndex(d, VectorIndexConfig(kind="flat", use_gpu="never"))
+    index.build(ids, stored)
+    index.remove(ids[100:150])  # removals compact the stored rows and the id map together
+    queries = np.vstack([stored[:300], _unit(20, d, seed=10)])
+    monkeypatch.setattr(vectors_module, "FLAT_RANGE_BLOCK", 7 * index.ntotal)  # 7 rows a block
+    hits = index.range_search(queries, 0.7)
+    lims, scores, found = index._index.range_search(queries, 0.7 - 1e-6)
+    total = 0
+    for q, (got_ids, got_scores) in enumerate(hits):
+        keep = scores[lims[q]:lims[q + 1]] >= 0.7
+        assert got_ids.tolist() == found[lims[q]:lims[q + 1]][keep].tolist()
+        assert np.allclose(got_scores, scores[lims[q]:lims[q + 1]][keep], atol=1e-6)
+        assert not set(got_ids.tolist()) & set(ids[100:150].tolist())
+        total += len(got_ids)
+    assert total >= 400  # the planted neighbours and the queries themselves (less the removed)
 
 
 def test_empty_index_search():

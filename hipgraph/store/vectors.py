@@ -25,6 +25,7 @@ SCORE_TOLERANCE = {True: 0.05, False: 1e-3}  # a unit vector's best score: 1 +- 
 FLOAT_CANDIDATE_MARGIN = 1e-4
 SQ8_CANDIDATE_MARGIN = 1e-2
 RANGE_BATCH = 4096  # query rows per FAISS range search (synonym kNN of a batch's new entities)
+FLAT_RANGE_BLOCK = 1 << 23  # scores (floats) per block of a flat range search: 32 MB
 
 
 def _faiss():
@@ -235,6 +236,8 @@ class FaissVectorIndex:
         queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
         if self.ntotal == 0 or len(queries) == 0:
             return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in range(len(queries))]
+        if self.layout == "flat":
+            return self._flat_range_search(queries, threshold)
         params = None
         if nprobe > 0 and self.layout == "ivf":
             params = self._faiss.SearchParametersIVF(nprobe=min(int(nprobe), int(self._inner.nlist)))
@@ -246,6 +249,23 @@ class FaissVectorIndex:
                 s, i = scores[lims[q]:lims[q + 1]], ids[lims[q]:lims[q + 1]].astype(np.int64)
                 keep = s >= threshold
                 out.append((i[keep], s[keep]))
+        return out
+
+    def _flat_range_search(self, queries: np.ndarray, threshold: float) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`range_search` over the flat layout as blocked matrix products (BLAS) on the
+        stored vectors, read in place: FAISS's flat range search computes its products without
+        BLAS, 5-9x slower for a batch of names against 31k (build's synonym search)."""
+        n, d = int(self._inner.ntotal), self.dimension
+        stored = self._faiss.rev_swig_ptr(self._inner.get_xb(), n * d).reshape(n, d)
+        ids = self._faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
+        rows_per_block = max(1, FLAT_RANGE_BLOCK // n)  # bounded score matrices on any size
+        out = []
+        for lo in range(0, len(queries), rows_per_block):
+            scores = queries[lo:lo + rows_per_block] @ stored.T
+            rows, cols = np.nonzero(scores >= threshold)
+            found = scores[rows, cols]
+            bounds = np.searchsorted(rows, np.arange(len(scores) + 1))
+            out.extend((ids[cols[a:b]], found[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
         return out
 
     def _search_index(self):

@@ -187,12 +187,12 @@ def main() -> int:
     print("build s: adding the documents; closed s: until the index is closed (final checkpoint and save)")
     print(f"{'passages':>9s} {'build s':>8s} {'closed s':>9s} {'pass/s':>7s} {'disk MB':>8s} {'B/passage':>10s} "
           f"{'build RSS MB':>13s} {'peak RSS MB':>12s} {'dense p50':>10s} {'graph p50':>10s}")
+    nan = float("nan")  # records of earlier runs may lack a figure
     for r in rows:
-        closed = r.get("closed_s", float("nan"))  # records of earlier runs may lack it
+        closed = r.get("closed_s", nan)
         print(f"{r['passages']:9d} {r['build_s']:8.1f} {closed:9.1f} {r['passages'] / r['build_s']:7.1f} {r['disk_mb']:8.1f} "
-              f"{r['disk_mb'] * 2**20 / r['passages']:10.0f} {r.get('build_peak_rss_mb', float('nan')):13.1f} "
+              f"{r['disk_mb'] * 2**20 / r['passages']:10.0f} {r.get('build_peak_rss_mb', nan):13.1f} "
               f"{r['peak_rss_mb']:12.1f} {r['dense_p50_ms']:10.2f} {r['graph_p50_ms']:10.2f}")
-    nan = float("nan")
     for a, b in zip(rows, rows[1:], strict=False):
         print(f"{a['passages']} -> {b['passages']} passages (x{b['passages'] / a['passages']:.1f}): build "
               f"x{b['build_s'] / a['build_s']:.2f} (until closed x{b.get('closed_s', nan) / a.get('closed_s', nan):.2f}), disk x{b['disk_mb'] / a['disk_mb']:.2f}, "

@@ -142,18 +142,16 @@ def _count_surfaces(store: GraphStore, mentions_sql: str, *, sign: int) -> None:
     ``entity_id, surface, label``) to or from ``surface_counts``; rows that reach 0 are deleted
     (every stored count is positive, so only this call's rows can)."""
     delta = f"(SELECT entity_id, surface, label, {int(sign)} * count(*) AS cnt FROM ({mentions_sql}) GROUP BY ALL)"
-    con = store.con
-    con.execute(f"""
-        UPDATE surface_counts SET cnt = surface_counts.cnt + d.cnt FROM {delta} d
-        WHERE surface_counts.entity_id = d.entity_id AND surface_counts.surface = d.surface
-          AND surface_counts.label IS NOT DISTINCT FROM d.label""")
-    if sign > 0:
-        con.execute(f"""
-            INSERT INTO surface_counts
-            SELECT d.* FROM {delta} d ANTI JOIN surface_counts c
-            ON c.entity_id = d.entity_id AND c.surface = d.surface AND c.label IS NOT DISTINCT FROM d.label""")
-    else:
-        con.execute("DELETE FROM surface_counts WHERE cnt <= 0")
+    # one MERGE: a single scan of ``surface_counts`` (an UPDATE and an anti-joined INSERT scanned it twice)
+    added = ("WHEN NOT MATCHED THEN INSERT (entity_id, surface, label, cnt) VALUES (d.entity_id, d.surface, d.label, d.cnt)"
+             if sign > 0 else "")
+    store.con.execute(f"""
+        MERGE INTO surface_counts USING {delta} AS d
+        ON surface_counts.entity_id = d.entity_id AND surface_counts.surface = d.surface
+           AND surface_counts.label IS NOT DISTINCT FROM d.label
+        WHEN MATCHED AND surface_counts.cnt + d.cnt <= 0 THEN DELETE
+        WHEN MATCHED THEN UPDATE SET cnt = surface_counts.cnt + d.cnt
+        {added}""")
 
 
 def refresh_surface_forms(store: GraphStore, entity_ids: set[int]) -> None:
@@ -197,13 +195,13 @@ def add_fact_edge_counts(store: GraphStore, subject_ids: np.ndarray, object_ids:
     store.con.register("_fact_delta", pa.table({"src": pa.array(pairs[:, 0]), "dst": pa.array(pairs[:, 1]),
                                                 "w": pa.array(counts.astype(np.float64))}))
     try:
+        # one MERGE: a single scan of the fact edges (an UPDATE and an anti-joined INSERT scanned
+        # them twice, a cost per batch that grows with the index)
         store.con.execute("""
-            UPDATE edges SET weight = edges.weight + d.w FROM _fact_delta d
-            WHERE edges.type = 'fact' AND edges.src = d.src AND edges.dst = d.dst""")
-        store.con.execute("""
-            INSERT INTO edges (type, src, dst, weight)
-            SELECT 'fact', d.src, d.dst, d.w FROM _fact_delta d
-            ANTI JOIN (SELECT src, dst FROM edges WHERE type = 'fact') e ON e.src = d.src AND e.dst = d.dst""")
+            MERGE INTO edges USING _fact_delta AS d
+            ON edges.type = 'fact' AND edges.src = d.src AND edges.dst = d.dst
+            WHEN MATCHED THEN UPDATE SET weight = edges.weight + d.w
+            WHEN NOT MATCHED THEN INSERT (type, src, dst, weight) VALUES ('fact', d.src, d.dst, d.w)""")
     finally:
         store.unregister("_fact_delta")
 

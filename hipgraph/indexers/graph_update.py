@@ -184,8 +184,9 @@ def refresh_surface_forms(store: GraphStore, entity_ids: set[int]) -> None:
 def add_fact_edge_counts(store: GraphStore, subject_ids: np.ndarray, object_ids: np.ndarray) -> None:
     """Count new fact sources (one per ``(subject, object)`` row, subject != object) into fact
     edges: existing edges gain weight, new pairs get an edge. Equal to recomputing the edges of
-    these pairs from provenance when no other change touched them, at the cost of the batch (no
-    rewrite of hub entities' edges, which would make a growing index quadratic to build)."""
+    these pairs from provenance when no other change touched them, at the cost of one scan of the
+    fact edges (no rewrite of hub entities' edges, which would make a growing index quadratic to
+    build; the scan still grows with the index)."""
     if len(subject_ids) == 0:
         return
     lo = np.minimum(subject_ids, object_ids).astype(np.int64)
@@ -195,8 +196,7 @@ def add_fact_edge_counts(store: GraphStore, subject_ids: np.ndarray, object_ids:
     store.con.register("_fact_delta", pa.table({"src": pa.array(pairs[:, 0]), "dst": pa.array(pairs[:, 1]),
                                                 "w": pa.array(counts.astype(np.float64))}))
     try:
-        # one MERGE: a single scan of the fact edges (an UPDATE and an anti-joined INSERT scanned
-        # them twice, a cost per batch that grows with the index)
+        # one MERGE, so one scan of the fact edges (an UPDATE and an anti-joined INSERT made two)
         store.con.execute("""
             MERGE INTO edges USING _fact_delta AS d
             ON edges.type = 'fact' AND edges.src = d.src AND edges.dst = d.dst

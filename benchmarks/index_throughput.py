@@ -53,7 +53,7 @@ PIPELINE_RATE_TARGET = 20.0  # whole add_documents, passages/s
 RSS_TARGET_GIB = 2.0  # peak RSS of the indexing process
 BUSY_OTHERS_CORES = 0.25  # other processes' CPU use (cores) above which a timing is flagged
 STAGES = ("extract", "embed", "graph", "write")
-EMBED_CALLS = ("passages", "entities", "facts")  # order of the embed calls in one batch
+EMBED_CALLS = ("passages", "entities", "facts", "turns")  # order of compute.embed_batch's calls
 
 
 # ---------------------------------------------------------------------- helpers
@@ -348,7 +348,7 @@ def run_pipeline(args: argparse.Namespace) -> dict[str, Any]:
 
     calls = embedder.calls
     groups = {"unclassified": calls}
-    if calls and len(calls) % len(EMBED_CALLS) == 0:  # passages, entities, facts per batch
+    if calls and len(calls) % len(EMBED_CALLS) == 0:  # one call of each kind per batch
         groups = {kind: calls[i::len(EMBED_CALLS)] for i, kind in enumerate(EMBED_CALLS)}
     embedded: dict[str, Any] = {}
     for kind, mine in groups.items():

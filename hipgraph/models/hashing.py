@@ -13,6 +13,7 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
+from scipy import sparse
 
 from hipgraph.config import EmbedderConfig
 
@@ -41,11 +42,22 @@ class HashingEmbedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        # one sparse product over the batch's distinct words: row i adds its words' directions in
+        # the order they occur, the same sums as adding them one by one
+        vocab: dict[str, int] = {}
+        columns: list[int] = []
+        indptr = [0]
         for i, text in enumerate(texts):
             words = _WORD.findall(text.lower())
-            if words:
-                out[i] = np.sum([self._word(w) for w in words], axis=0)
-            else:
+            if not words:
                 out[i, 0] = 1.0
+            columns.extend(vocab.setdefault(w, len(vocab)) for w in words)
+            indptr.append(len(columns))
+        if vocab:
+            directions = np.stack([self._word(w) for w in vocab])
+            counts = sparse.csr_matrix(
+                (np.ones(len(columns), np.float32), np.array(columns, np.int64), np.array(indptr, np.int64)),
+                shape=(len(texts), len(vocab)))
+            out += counts @ directions
         out /= np.linalg.norm(out, axis=1, keepdims=True)
         return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -11,8 +12,11 @@ _POSSESSIVE = re.compile(r"(?:'s|')$")
 _EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$")
 _SPACES = re.compile(r"\s+")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?)\]])")
+# names and relation phrases recur across passages; a bounded cache skips their six regex passes
+_cached = functools.lru_cache(maxsize=1 << 16)
 
 
+@_cached
 def normalize_entity(text: str) -> str:
     """Lower-cased, NFKC, quotes unified, leading article and possessive dropped, edges trimmed.
 
@@ -28,6 +32,7 @@ def normalize_entity(text: str) -> str:
     return _EDGE_PUNCT.sub("", text).strip()
 
 
+@_cached
 def normalize_relation(text: str) -> str:
     """Lower-cased relation phrase with single spaces and no edge punctuation."""
     text = unicodedata.normalize("NFKC", text).translate(_QUOTES).lower()
@@ -35,6 +40,7 @@ def normalize_relation(text: str) -> str:
     return _EDGE_PUNCT.sub("", text).strip()
 
 
+@_cached
 def clean_surface(text: str) -> str:
     """A surface form as shown to users: NFKC, single spaces, edge punctuation trimmed."""
     text = unicodedata.normalize("NFKC", text).translate(_QUOTES)

@@ -44,7 +44,7 @@ STEPS = [
     (pipeline, GRAPH_STEPS),  # the names the pipeline imported (each call is timed once, here)
     (pipeline.Indexer, ("_existing", "_resolve_existing", "_write")),
     (vector_set.VectorSet, ("apply",)),
-    (database.GraphStore, ("insert", "write_vectors", "allocate_ids", "bump_generation",
+    (database.GraphStore, ("insert", "write_vectors", "allocate_id_blocks", "bump_generation",
                            "_checkpoint_if_due")),
 ]
 

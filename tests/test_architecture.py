@@ -100,7 +100,7 @@ def test_the_read_side_never_writes():
     """No store or index write calls in the read side (it writes derived caches only: the graph
     snapshot and BM25 files under cache/)."""
     writes = {"transaction", "writing", "on_commit", "meta_set", "insert", "write_vectors",
-              "bump_generation", "allocate_ids", "apply", "delete_documents", "add_documents",
+              "bump_generation", "allocate_ids", "allocate_id_blocks", "apply", "delete_documents", "add_documents",
               "persist_learned_facts"}
     assert _attribute_uses(READ_SIDE, writes) == []
 

@@ -100,6 +100,33 @@ def test_schema_tables_columns_and_meta(tmp_path, embedder):
     assert names == ["entity.faiss", "fact.faiss", "graph.duckdb", "passage.faiss"]
 
 
+def test_id_blocks_continue_the_counters_and_roll_back_with_their_transaction(tmp_path, embedder, inline_docs):
+    """``allocate_id_blocks`` hands out each kind's ids after the highest stored one, in one read
+    and one write of the counters; a failed transaction gives its ids back."""
+    with hipgraph.open(tmp_path / "ix", create=True, config=index_config(), embedder=embedder) as hg:
+        hg.add_documents(inline_docs[:2])
+        store = hg.store
+        tops = {kind: store.con.execute(f"SELECT max(id) FROM {table}").fetchall()[0][0]
+                for kind, table in (("document", "documents"), ("passage", "passages"),
+                                    ("entity", "entities"), ("fact", "facts"))}
+        assert all(top is not None for top in tops.values())
+        with store.transaction():
+            got = store.allocate_id_blocks({"passage": 3, "fact": 0, "entity": 2})
+        assert got["passage"].tolist() == [tops["passage"] + 1 + i for i in range(3)]
+        assert got["entity"].tolist() == [tops["entity"] + 1, tops["entity"] + 2]
+        assert got["fact"].tolist() == [] and got["fact"].dtype == np.int64
+        assert store.meta_get("next_id.passage") == tops["passage"] + 4
+        assert store.meta_get("next_id.fact") == tops["fact"] + 1
+        assert store.meta_get("next_id.document") == tops["document"] + 1
+        with pytest.raises(RuntimeError, match="boom"), store.transaction():
+            store.allocate_id_blocks({"document": 5, "passage": 1})
+            raise RuntimeError("boom")
+        assert store.meta_get("next_id.document") == tops["document"] + 1
+        assert store.meta_get("next_id.passage") == tops["passage"] + 4
+        with pytest.raises(ValueError, match="unknown id kind 'vector'"):
+            store.allocate_id_blocks({"vector": 1})
+
+
 def test_config_round_trip_on_reopen(tmp_path, embedder, inline_docs):
     path = tmp_path / "ix"
     config = index_config(chunk=ChunkConfig(max_tokens=40, overlap=5, prepend_title=False),

@@ -343,7 +343,9 @@ class Indexer:
             report.added += len(batch.docs) - len(existing)
             delete_document_rows(store, [doc_id for doc_id, _ in existing.values()], removed)
             now = datetime.now(timezone.utc).replace(tzinfo=None)
-            doc_ids = store.allocate_ids("document", len(batch.docs))
+            ids = store.allocate_id_blocks({"document": len(batch.docs), "passage": len(batch.chunks),
+                                            "entity": len(batch.new_entities), "fact": len(batch.new_facts)})
+            doc_ids = ids["document"]
             store.insert("documents", {
                 "id": doc_ids,
                 "key": [d.id for d in batch.docs],
@@ -352,7 +354,7 @@ class Indexer:
                 "metadata": [json.dumps(d.metadata, sort_keys=True, ensure_ascii=False) for d in batch.docs],
                 "added_at": pa.array([now] * len(batch.docs), pa.timestamp("us")),
             })
-            passage_ids = store.allocate_ids("passage", len(batch.chunks))
+            passage_ids = ids["passage"]
             store.insert("passages", {
                 "id": passage_ids,
                 "doc_id": pa.array([int(doc_ids[i]) for i in batch.chunk_doc], pa.int64()),
@@ -369,7 +371,7 @@ class Indexer:
                 store.write_turn_vectors(passage_ids[[c for c, _ in batch.turn_keys]],
                                          np.array([p for _, p in batch.turn_keys]), batch.turn_vectors)
 
-            new_entity_ids = store.allocate_ids("entity", len(batch.new_entities))
+            new_entity_ids = ids["entity"]
             entity_ids = dict(batch.entity_ids)
             entity_ids.update(zip(batch.new_entities, new_entity_ids.tolist(), strict=True))
             store.insert("entities", {
@@ -386,7 +388,7 @@ class Indexer:
             insert_mentions(store, mention_passages, mention_entities,
                             [s for _, _, s, _ in batch.mentions], [lb for _, _, _, lb in batch.mentions])
 
-            new_fact_ids = store.allocate_ids("fact", len(batch.new_facts))
+            new_fact_ids = ids["fact"]
             fact_ids = dict(batch.fact_ids)
             fact_ids.update(zip([(s, r, o) for s, r, o, _ in batch.new_facts], new_fact_ids.tolist(), strict=True))
             store.insert("facts", {

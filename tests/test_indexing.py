@@ -603,3 +603,55 @@ def test_full_disk_reports_the_failed_commit_and_keeps_the_committed_batches(
         assert_same_index(dump_index(hg), dump_index(inline_template))
     finally:
         hg.close()
+
+
+def _snapshot_arrays(hg) -> dict[str, np.ndarray]:
+    from hipgraph.query.view import ReadView
+
+    with hg.store.lock.shared():
+        snap = ReadView(hg.store, hg.vectors, hg.store.generation, persist=False).snapshot()
+    return {name: getattr(snap, name) for name in ("passage_ids", "entity_ids", "indptr", "indices", "weights")}
+
+
+def test_fact_edge_counts_are_partial_rows_that_fold_to_the_same_graph(make_index, sample_docs, monkeypatch):
+    """A batch appends its fact-edge counts as partial rows (no scan of the fact edges). Folding
+    them after every batch, or not at all during the call, gives the graph of the default build;
+    readers sum partial rows (graph snapshot, stats), and a fold leaves one row per edge."""
+    from hipgraph.indexers import pipeline
+
+    # the two Curie documents fall into different batches and count the same pairs
+    docs = ([{"id": "curie-lab", "title": "Curie lab", "text": "Marie Curie worked with Pierre Curie at the Sorbonne in Paris."}]
+            + [dict(d) for d in sample_docs[:12]]
+            + [{"id": "curie-wedding", "title": "Curie wedding", "text": "Pierre Curie married Marie Curie in Paris in 1895."}])
+    ref = make_index("ref")
+    ref.add_documents(docs, batch_size=3)
+    check_consistency(ref)
+    want, want_snap = dump_index(ref), _snapshot_arrays(ref)
+    assert want["stats"]["edges"]["fact"] > 0
+
+    folds = []
+    fold = pipeline.fold_fact_edges
+    monkeypatch.setattr(pipeline, "fold_fact_edges", lambda store: folds.append(1) or fold(store))
+    monkeypatch.setattr(pipeline, "FOLD_MIN_ROWS", 1)
+    monkeypatch.setattr(pipeline, "FOLD_SHARE", 10**9)
+    eager = make_index("eager")
+    eager.add_documents(docs, batch_size=3)
+    assert len(folds) >= 4  # inside the batches (the last leaves the end of the call nothing to fold)
+    check_consistency(eager)
+    assert_same_index(dump_index(eager), want)
+
+    monkeypatch.setattr(pipeline, "FOLD_MIN_ROWS", 10**9)
+    monkeypatch.setattr(pipeline.Indexer, "_fold_fact_edges", lambda self: None)
+    lazy = make_index("lazy")
+    lazy.add_documents(docs, batch_size=3)
+    rows, pairs = lazy.store.con.execute(
+        "SELECT count(*), count(DISTINCT (src, dst)) FROM edges WHERE type = 'fact'").fetchall()[0]
+    assert rows > pairs  # the partial rows of pairs counted in more than one batch are there
+    assert lazy.stats() == ref.stats()
+    got = _snapshot_arrays(lazy)
+    for name, array in want_snap.items():
+        assert got[name].dtype == array.dtype and np.array_equal(got[name], array), name
+    monkeypatch.undo()
+    lazy.indexer._fold_fact_edges()
+    check_consistency(lazy)
+    assert_same_index(dump_index(lazy), want)

@@ -32,6 +32,7 @@ from hipgraph.indexers.graph_update import (
     add_mention_edges,
     collect_orphans,
     delete_document_rows,
+    fold_fact_edges,
     insert_mentions,
     refresh_entities,
     refresh_surface_forms,
@@ -48,6 +49,11 @@ logger = logging.getLogger(__name__)
 
 Progress = Callable[[int], None]
 
+# a batch appends its fact-edge counts as partial rows (see graph_update.add_fact_edge_counts);
+# they are folded when they pass this many rows or 1/FOLD_SHARE of the fact edges, whichever is
+# more (so folds get rarer as the index grows), and at the end of each write call
+FOLD_MIN_ROWS = 65_536
+FOLD_SHARE = 8
 CHECKPOINT_SECONDS = 300.0  # FAISS files are saved at least this often during a long add
 
 
@@ -91,6 +97,9 @@ class Indexer:
         self._extractor_factory = extractor_factory
         self._extractor: Extractor | None = None
         self.config = config
+        # partial fact-edge rows appended since the last fold, and how many trigger the next one
+        self._unfolded = 0
+        self._fold_at = FOLD_MIN_ROWS
 
     @property
     def extractor(self) -> Extractor:
@@ -156,6 +165,7 @@ class Indexer:
                 if time.monotonic() - last_save > CHECKPOINT_SECONDS:
                     self.vectors.save()
                     last_save = time.monotonic()
+            self._fold_fact_edges()
         except BaseException:
             failed = True
             raise
@@ -163,10 +173,33 @@ class Indexer:
             if own:
                 executor.close()
             if failed:
+                self._fold_after_failure()
                 self._save_vectors_after_failure()
             else:
                 self.vectors.checkpoint()
         return report
+
+    def _fold_fact_edges(self) -> None:
+        """Fold the partial fact-edge rows this writer appended (one transaction), so that the
+        table holds one row per edge between write calls."""
+        if self._unfolded:
+            with self.store.transaction():
+                self._fold_in_transaction()
+
+    def _fold_in_transaction(self) -> None:
+        edges = fold_fact_edges(self.store)
+        self._unfolded = 0
+        self._fold_at = max(FOLD_MIN_ROWS, edges // FOLD_SHARE)
+
+    def _fold_after_failure(self) -> None:
+        """Fold what the batches committed before a failure appended, without masking the
+        failure: readers sum partial rows, so an unfolded table is complete, only longer."""
+        try:
+            with self.store.transaction():
+                self._fold_in_transaction()
+        except Exception as exc:  # the failure in flight is the one to report
+            logger.warning("fact edges left unfolded after the failed batch (%s); the next write "
+                           "call folds them", exc)
 
     def _save_vectors_after_failure(self) -> None:
         """Save the FAISS files of the batches committed before a failure without masking it: a
@@ -418,7 +451,9 @@ class Indexer:
                 stale = np.array(sorted(refresh), dtype=np.int64)
                 keep = ~(np.isin(subjects, stale) | np.isin(objects, stale))
                 subjects, objects = subjects[keep], objects[keep]
-            add_fact_edge_counts(store, subjects, objects)
+            self._unfolded += add_fact_edge_counts(store, subjects, objects)
+            if self._unfolded >= self._fold_at:
+                self._fold_in_transaction()
             add_mention_edges(store, mention_passages, mention_entities)
             n_synonyms = self._synonyms(new_entity_ids, batch.new_entity_vectors, removed)
             t_graph = time.perf_counter() - t0

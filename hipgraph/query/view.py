@@ -379,6 +379,8 @@ class Views:
         """Add a committed write's ``changes`` (it made ``generation``) to those since the
         current view (they stop being known at a gap or past a size where rebuilding is cheaper)."""
         with self._lock:
+            if self._since is not None and generation == self._since_gen:
+                return  # a commit that left the generation (what readers see) as it was: a fold
             if self._since is None or self._since_gen != generation - 1:
                 self._since = None
                 return

@@ -122,7 +122,8 @@ def passage_ids(store: GraphStore) -> np.ndarray:
 
 def snapshot_columns(store: GraphStore) -> dict[str, list[np.ndarray]]:
     """The columns a graph snapshot is built from: passage and entity ids, mention edges,
-    fact/synonym edges with weights, and the triple facts' subjects and objects."""
+    fact/synonym edges with weights (a fact edge possibly as several partial rows, which
+    ``to_csr`` sums), and the triple facts' subjects and objects."""
     return {
         "passages": arrow_columns(store, "SELECT id FROM passages ORDER BY id"),
         "entities": arrow_columns(store, "SELECT id FROM entities ORDER BY id"),
@@ -151,7 +152,8 @@ def edges_touching(store: GraphStore, passages: np.ndarray, entities: np.ndarray
     """The edges a write may have changed: ``(src, dst, weight, is_mention)`` columns of the
     mention edges of the given passages or entities and of the fact and synonym edges of the
     given entities or between the ends of one of ``pairs`` (an ``(n, 2)`` array of ``(lo, hi)``,
-    as edges are stored). One scan of the edges table."""
+    as edges are stored). One scan of the edges table. A fact edge may come as several partial
+    rows (see ``graph_update.add_fact_edge_counts``): the caller sums them, as ``to_csr`` does."""
     pairs = np.asarray(pairs, np.int64).reshape(-1, 2)
     store.con.register("_touch", pa.table({
         "kind": pa.array(["p"] * len(passages) + ["e"] * len(entities) + ["s"] * len(pairs)
@@ -251,7 +253,7 @@ def entity_labels(store: GraphStore, entity_ids: list[int]) -> dict[int, tuple[s
 def entity_edges_among(store: GraphStore, entity_ids: list[int]) -> list[tuple[str, int, int]]:
     """``(type, src, dst)`` of the fact and synonym edges between the given entities."""
     return [(t, int(s), int(d)) for t, s, d in store.con.execute("""
-        SELECT type, src, dst FROM edges WHERE type <> 'mention'
+        SELECT DISTINCT type, src, dst FROM edges WHERE type <> 'mention'
         AND src IN (SELECT unnest(?::BIGINT[])) AND dst IN (SELECT unnest(?::BIGINT[]))""",
         [entity_ids, entity_ids]).fetchall()]
 

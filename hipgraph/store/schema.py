@@ -39,7 +39,9 @@ def ddl(dimension: int) -> list[str]:
             object_id BIGINT NOT NULL, kind VARCHAR NOT NULL)""",
         """CREATE TABLE fact_sources (
             fact_id BIGINT NOT NULL, passage_id BIGINT NOT NULL, extractor VARCHAR NOT NULL)""",
-        # undirected edges are stored once with src < dst (fact, synonym); mention: passage -> entity
+        # undirected edges are stored once with src < dst (fact, synonym); mention: passage -> entity.
+        # A write call appends fact-edge counts as partial rows of one pair and folds them into
+        # one row when it ends, so readers that may run during a write sum weights per pair
         """CREATE TABLE edges (
             type VARCHAR NOT NULL, src BIGINT NOT NULL, dst BIGINT NOT NULL, weight DOUBLE NOT NULL)""",
         f"CREATE TABLE passage_vectors (id BIGINT NOT NULL, vec FLOAT[{d}] NOT NULL)",

@@ -37,7 +37,8 @@ from hipgraph.indexers import graph_update, pipeline  # noqa: E402
 from hipgraph.store import database, vector_set  # noqa: E402
 
 TIMES: dict[str, list[float]] = collections.defaultdict(list)
-GRAPH_STEPS = ("insert_mentions", "refresh_surface_forms", "refresh_entities", "add_fact_edge_counts", "add_mention_edges",
+GRAPH_STEPS = ("insert_mentions", "refresh_surface_forms", "refresh_entities", "add_fact_edge_counts", "fold_fact_edges",
+               "add_mention_edges",
                "update_synonyms", "collect_orphans", "delete_document_rows")
 STEPS = [
     (graph_update, GRAPH_STEPS),

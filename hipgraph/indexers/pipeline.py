@@ -198,8 +198,8 @@ class Indexer:
             with self.store.transaction():
                 self._fold_in_transaction()
         except Exception as exc:  # the failure in flight is the one to report
-            logger.warning("fact edges left unfolded after the failed batch (%s); the next write "
-                           "call folds them", exc)
+            logger.warning("fact edges left unfolded after the failed batch (%s); readers sum "
+                           "them, and the next add that writes facts folds them", exc)
 
     def _save_vectors_after_failure(self) -> None:
         """Save the FAISS files of the batches committed before a failure without masking it: a

@@ -36,6 +36,8 @@ from hipgraph.config import EmbedderConfig, ExtractorConfig, IndexConfig  # noqa
 from hipgraph.indexers import graph_update, pipeline  # noqa: E402
 from hipgraph.store import database, vector_set  # noqa: E402
 
+# at module level, so that spawned worker processes (--workers) know the extractor too
+registry.register("extractor", "pattern", "scale:PatternExtractor")
 TIMES: dict[str, list[float]] = collections.defaultdict(list)
 GRAPH_STEPS = ("insert_mentions", "refresh_surface_forms", "refresh_entities", "add_fact_edge_counts", "fold_fact_edges",
                "add_mention_edges",
@@ -70,8 +72,9 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--out", type=Path, default=Path("/tmp/hipgraph-steps"))
     parser.add_argument("--keep", action="store_true", help="leave the built index at --out")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="extract and embed in this many worker processes (default: threads here)")
     args = parser.parse_args()
-    registry.register("extractor", "pattern", "scale:PatternExtractor")
     for owner, names in STEPS:
         for name in names:
             timed(owner, name)
@@ -80,7 +83,7 @@ def main() -> int:
     shutil.rmtree(args.out, ignore_errors=True)
     t0 = time.perf_counter()
     with hipgraph.open(args.out, create=True, config=config) as hg:
-        report = hg.add_documents(docs, batch_size=args.batch_size)
+        report = hg.add_documents(docs, batch_size=args.batch_size, workers=args.workers)
     print(f"{args.size} passages (synthetic vectors and extractions), batches of {args.batch_size}: "
           f"build {time.perf_counter() - t0:.1f} s; stages {({k: round(v, 1) for k, v in report.seconds.items()})}; "
           f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")

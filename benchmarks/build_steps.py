@@ -1,6 +1,7 @@
 """Where a growing build's time goes: per-step timers over a synthetic build (scale.py's corpus).
 
     python benchmarks/build_steps.py [--size 100000] [--batch-size 4096] [--out /tmp/hipgraph-steps] [--keep]
+                                     [--workers N]
 
 Builds one index of ``scale.py --synthetic`` (pattern extractor, hashing embedder) in this process
 with timers around the write path's steps (SQL routines of ``indexers/graph_update.py``, the
@@ -9,7 +10,8 @@ total, its calls, and its mean per call over the first and the last quarter of t
 whose last-quarter mean is well above its first-quarter mean grows with the index (a batch costs
 more as the index gets larger), which is what makes a build superlinear. Timers are wall time
 on the writing thread, which shares the cores (and the GIL) with extraction and embedding of the
-next batch, so compare steps within a run.
+next batch, so compare steps within a run. ``--workers N`` extracts and embeds in N worker
+processes instead (the writing thread then has this process's GIL to itself).
 """
 
 from __future__ import annotations

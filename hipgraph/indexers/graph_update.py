@@ -7,7 +7,6 @@ affected entities, mention edges of new/deleted passages, synonym edges of new e
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,17 +118,9 @@ def refresh_entities(store: GraphStore, entity_ids: set[int]) -> None:
     refresh_surface_forms(store, entity_ids)
 
 
-def insert_mentions(store: GraphStore, passage_ids, entity_ids, surfaces, labels,
-                    labels_now: Mapping[int, str | None]) -> set[int]:
+def insert_mentions(store: GraphStore, passage_ids, entity_ids, surfaces, labels) -> None:
     """Append mention rows (equal-length sequences; a label may be None) and count them into
-    ``surface_counts``; returns the entities whose surface forms or label these counts may have
-    changed, the only ones :func:`refresh_surface_forms` needs: those that gained a (surface,
-    label) row, and those where a count grew for a label other than the entity's. An entity whose
-    grown counts all carry its own label keeps that label (the most frequent label can only move
-    to a label whose count grew) and its forms (no surface is new).
-
-    ``labels_now``: the stored label of every entity these mentions name that existed before
-    (the writer reads them with their ids, so no table is scanned for them here)."""
+    ``surface_counts``."""
     rows = pa.table({
         "passage_id": pa.array(np.asarray(passage_ids, np.int64)),
         "entity_id": pa.array(np.asarray(entity_ids, np.int64)),
@@ -137,38 +128,30 @@ def insert_mentions(store: GraphStore, passage_ids, entity_ids, surfaces, labels
         "label": pa.array(list(labels), pa.string()),
     })
     if rows.num_rows == 0:
-        return set()
+        return
     store.insert("mentions", rows)
     store.con.register("_new_mentions", rows)
     try:
-        changed = _count_surfaces(store, "SELECT entity_id, surface, label FROM _new_mentions", sign=1)
+        _count_surfaces(store, "SELECT entity_id, surface, label FROM _new_mentions", sign=1)
     finally:
         store.unregister("_new_mentions")
-    maybe = {entity_id for action, entity_id, _ in changed if action != "UPDATE"}
-    # a grown count with a NULL label never decides a label, and its surface is not new
-    grown = {(entity_id, label) for action, entity_id, label in changed
-             if action == "UPDATE" and label is not None and entity_id not in maybe}
-    return maybe | {entity_id for entity_id, label in grown if labels_now.get(entity_id) != label}
 
 
-def _count_surfaces(store: GraphStore, mentions_sql: str, *, sign: int) -> list[tuple[str, int, str | None]]:
+def _count_surfaces(store: GraphStore, mentions_sql: str, *, sign: int) -> None:
     """Add (``sign`` 1) or subtract (-1) the mentions that ``mentions_sql`` selects (columns
     ``entity_id, surface, label``) to or from ``surface_counts``; rows that reach 0 are deleted
-    (every stored count is positive, so only this call's rows can). Returns each changed row's
-    ``(action, entity_id, label)``, action being INSERT, UPDATE or DELETE."""
+    (every stored count is positive, so only this call's rows can)."""
     delta = f"(SELECT entity_id, surface, label, {int(sign)} * count(*) AS cnt FROM ({mentions_sql}) GROUP BY ALL)"
     # one MERGE: a single scan of ``surface_counts`` (an UPDATE and an anti-joined INSERT scanned it twice)
     added = ("WHEN NOT MATCHED THEN INSERT (entity_id, surface, label, cnt) VALUES (d.entity_id, d.surface, d.label, d.cnt)"
              if sign > 0 else "")
-    rows = store.con.execute(f"""
+    store.con.execute(f"""
         MERGE INTO surface_counts USING {delta} AS d
         ON surface_counts.entity_id = d.entity_id AND surface_counts.surface = d.surface
            AND surface_counts.label IS NOT DISTINCT FROM d.label
         WHEN MATCHED AND surface_counts.cnt + d.cnt <= 0 THEN DELETE
         WHEN MATCHED THEN UPDATE SET cnt = surface_counts.cnt + d.cnt
-        {added}
-        RETURNING merge_action, surface_counts.entity_id, surface_counts.label""").fetchall()
-    return [(str(action), int(entity_id), label) for action, entity_id, label in rows]
+        {added}""")
 
 
 def refresh_surface_forms(store: GraphStore, entity_ids: set[int]) -> None:

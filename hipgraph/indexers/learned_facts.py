@@ -131,8 +131,7 @@ def _add_mentions(store: GraphStore, facts: Sequence[LearnedFact], ids: dict[str
         name = pairs[(p, e)]
         found = re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text.get(p, ""), re.IGNORECASE)
         surfaces.append(clean_surface(found.group(0)) if found else name)
-    # unlabelled mentions never move a label; the caller refreshes these entities' forms
-    insert_mentions(store, [p for p, _ in add], [e for _, e in add], surfaces, [None] * len(add), labels_now={})
+    insert_mentions(store, [p for p, _ in add], [e for _, e in add], surfaces, [None] * len(add))
     store.insert("edges", {
         "type": pa.array(["mention"] * len(add), pa.string()),
         "src": pa.array([p for p, _ in add], pa.int64()),

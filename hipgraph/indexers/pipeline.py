@@ -71,7 +71,6 @@ class _Batch:
     mentions: list[tuple[int, str, str, str | None]] = field(default_factory=list)  # chunk, name, surface, label
     facts: list[tuple[int, str, str, str, str]] = field(default_factory=list)  # chunk, subj, rel, obj, kind
     entity_ids: dict[str, int] = field(default_factory=dict)  # existing names -> ids
-    entity_labels: dict[int, str | None] = field(default_factory=dict)  # their labels, read with them
     new_entities: list[str] = field(default_factory=list)
     new_entity_vectors: np.ndarray | None = None
     fact_ids: dict[tuple[str, str, str], int] = field(default_factory=dict)  # existing fact keys
@@ -334,11 +333,10 @@ class Indexer:
             con.register("_names", pa.table({"name": pa.array(names, pa.string())}))
             try:
                 rows = con.execute(
-                    "SELECT e.name, e.id, e.label FROM entities e JOIN _names n ON e.name = n.name").fetchall()
+                    "SELECT e.name, e.id FROM entities e JOIN _names n ON e.name = n.name").fetchall()
             finally:
                 self.store.unregister("_names")
-            batch.entity_ids = {name: int(eid) for name, eid, _ in rows}
-            batch.entity_labels = {int(eid): label for _, eid, label in rows}
+            batch.entity_ids = {name: int(eid) for name, eid in rows}
         batch.new_entities = [n for n in names if n not in batch.entity_ids]
         keys = sorted({(s, r, o, kind) for _, s, r, o, kind in batch.facts})
         known = [(s, r, o) for s, r, o, _ in keys if s in batch.entity_ids and o in batch.entity_ids]
@@ -420,9 +418,8 @@ class Indexer:
             store.changes.touch_labels(new_entity_ids)
             mention_passages = passage_ids[[ci for ci, _, _, _ in batch.mentions]]
             mention_entities = np.array([entity_ids[name] for _, name, _, _ in batch.mentions], dtype=np.int64)
-            relabel = insert_mentions(store, mention_passages, mention_entities,
-                                      [s for _, _, s, _ in batch.mentions], [lb for _, _, _, lb in batch.mentions],
-                                      labels_now=batch.entity_labels)
+            insert_mentions(store, mention_passages, mention_entities,
+                            [s for _, _, s, _ in batch.mentions], [lb for _, _, _, lb in batch.mentions])
 
             new_fact_ids = ids["fact"]
             fact_ids = dict(batch.fact_ids)
@@ -447,7 +444,7 @@ class Indexer:
             collect_orphans(store, removed)
             refresh = removed.affected_entities - removed.entities  # recomputed from provenance
             refresh_entities(store, refresh)
-            refresh_surface_forms(store, relabel - refresh - removed.entities)
+            refresh_surface_forms(store, set(mention_entities.tolist()) - refresh - removed.entities)
             subjects = np.array([entity_ids[s] for _, s, _, _, _ in batch.facts], dtype=np.int64)
             objects = np.array([entity_ids[o] for _, _, _, o, _ in batch.facts], dtype=np.int64)
             if refresh:  # pairs touching a refreshed entity already count this batch's sources

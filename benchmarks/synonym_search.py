@@ -2,6 +2,7 @@
 
     python benchmarks/synonym_search.py --db indexes/musique --db indexes/2wiki [--nprobe 4,8,16,32,0]
     python benchmarks/synonym_search.py --synthetic 200000
+    python benchmarks/synonym_search.py --db indexes/musique --hnsw 16,32,64   # also HNSW rows
 
 Synonym edges join entities whose name vectors have cosine >= 0.8 (``SynonymConfig.threshold``).
 Each batch searches its new entities against the entity index: exact (flat, BLAS) below
@@ -12,6 +13,12 @@ threshold minus the SQ8 candidate margin through IVF-SQ8 (nlist 2*sqrt(n), as th
 it) for each ``--nprobe`` (0: the index's own, max(32, nlist/8)), against the exact pairs from
 a flat BLAS search of the same vectors: the share of pairs found (each found candidate is then
 decided on its exact cosine, so no pair is ever wrong, only missed) and the wall time.
+
+``--hnsw EF,...`` adds one row per HNSW ``efSearch`` for a sublinear candidate search: each name's
+``max_neighbors + 1`` nearest neighbours through an HNSW graph (float vectors, M 32, built once,
+its build time counted), and an exact range search only for the names whose last neighbour is
+still above the threshold (they may have more than ``max_neighbors`` pairs, so they are no
+edge's end, but every pair of theirs counts in the degree of the other end).
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ def main() -> int:
     parser.add_argument("--nprobe", default="4,8,16,32,0")
     parser.add_argument("--threshold", type=float, default=0.8)
     parser.add_argument("--max-neighbors", type=int, default=32)
+    parser.add_argument("--hnsw", default="", help="efSearch values for HNSW rows (none by default)")
     args = parser.parse_args()
     vectors = synthetic_vectors(args.synthetic) if args.synthetic else index_vectors(args.db)
     n, d = vectors.shape
@@ -114,7 +122,44 @@ def main() -> int:
               f"{100 * len(found) / max(1, len(exact)):.2f}% | {len(exact) - len(found)} | "
               f"{len(exact_edges - got)} ({100 * len(exact_edges - got) / max(1, len(exact_edges)):.2f}%) | "
               f"{len(got - exact_edges)} | {seconds:.1f} | {seconds / t_flat:.2f} |", flush=True)
+    if args.hnsw:
+        hnsw_rows(vectors, exact, exact_edges, t_flat, args)
     return 0
+
+
+def hnsw_rows(vectors: np.ndarray, exact: set, exact_edges: set, t_flat: float, args) -> None:
+    n, d = vectors.shape
+    k = args.max_neighbors + 2  # the name itself, its max_neighbors pairs, one more
+    t0 = time.perf_counter()
+    hnsw = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
+    hnsw.add(vectors)
+    t_build = time.perf_counter() - t0
+    flat = faiss.IndexFlatIP(d)
+    flat.add(vectors)
+    search = args.threshold - 1e-5  # float vectors: scores within ~1e-7 of the exact cosine
+    print(f"HNSW (M 32, float vectors) built in {t_build:.1f} s; k = {k} nearest per name")
+    print("| efSearch | pairs found | missed | edges missed | edges extra | range-searched names | s (with build) | vs flat |")
+    print("|---|---|---|---|---|---|---|---|")
+    for ef in (int(x) for x in args.hnsw.split(",")):
+        hnsw.hnsw.efSearch = ef
+        t0 = time.perf_counter()
+        scores, ids = hnsw.search(vectors, k)
+        queries, columns = np.nonzero(scores >= search)
+        neighbours = ids[queries, columns]
+        keep = (neighbours >= 0) & (neighbours != queries)
+        found = {(min(a, b), max(a, b)) for a, b in zip(queries[keep].tolist(), neighbours[keep].tolist(), strict=True)}
+        full = np.flatnonzero(scores[:, -1] >= search)  # may have more pairs than k holds
+        for lo in range(0, len(full), 4096):
+            rows = full[lo:lo + 4096]
+            lims, _, hits = flat.range_search(vectors[rows], search)
+            for i, q in enumerate(rows.tolist()):
+                found |= {(min(q, int(j)), max(q, int(j))) for j in hits[lims[i]:lims[i + 1]] if j != q}
+        seconds = time.perf_counter() - t0 + t_build
+        found &= exact
+        got = edges(found, args.max_neighbors)
+        print(f"| {ef} | {100 * len(found) / max(1, len(exact)):.2f}% | {len(exact) - len(found)} | "
+              f"{len(exact_edges - got)} ({100 * len(exact_edges - got) / max(1, len(exact_edges)):.2f}%) | "
+              f"{len(got - exact_edges)} | {len(full)} | {seconds:.1f} | {seconds / t_flat:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

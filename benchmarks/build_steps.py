@@ -11,7 +11,9 @@ whose last-quarter mean is well above its first-quarter mean grows with the inde
 more as the index gets larger), which is what makes a build superlinear. Timers are wall time
 on the writing thread, which shares the cores (and the GIL) with extraction and embedding of the
 next batch, so compare steps within a run. ``--workers N`` extracts and embeds in N worker
-processes instead (the writing thread then has this process's GIL to itself).
+processes instead (the writing thread then has this process's GIL to itself). The CPU time used
+and the time the hypervisor stole meanwhile are printed too: on a VM a build's wall time drifts
+with the steal, so compare runs on both.
 """
 
 from __future__ import annotations
@@ -68,6 +70,23 @@ def timed(owner, name: str) -> None:
     setattr(owner, name, wrapper)
 
 
+def steal_seconds() -> float | None:
+    """CPU time the hypervisor gave to others so far, summed over this machine's CPUs (``steal`` in
+    /proc/stat; None where there is no such file). A build's wall time drifts with it on a VM."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def cpu_seconds() -> float:
+    """User and system CPU time of this process and its finished children (worker processes)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=100_000)
@@ -83,12 +102,17 @@ def main() -> int:
     docs, _ = scale.synthetic_corpus(args.size)
     config = IndexConfig(extractor=ExtractorConfig(name="pattern"), embedder=EmbedderConfig(name="hashing"))
     shutil.rmtree(args.out, ignore_errors=True)
+    steal0, cpu0 = steal_seconds(), cpu_seconds()
     t0 = time.perf_counter()
     with hipgraph.open(args.out, create=True, config=config) as hg:
         report = hg.add_documents(docs, batch_size=args.batch_size, workers=args.workers)
     print(f"{args.size} passages (synthetic vectors and extractions), batches of {args.batch_size}: "
           f"build {time.perf_counter() - t0:.1f} s; stages {({k: round(v, 1) for k, v in report.seconds.items()})}; "
           f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+    steal1 = steal_seconds()
+    stolen = f"{steal1 - steal0:.1f} s" if steal0 is not None and steal1 is not None else "unknown"
+    print(f"CPU {cpu_seconds() - cpu0:.1f} s (this process and its workers, user + system); "
+          f"stolen by the hypervisor meanwhile {stolen} (all CPUs)")
     print(f"{'step':24s} {'total s':>8s} {'calls':>6s} {'first-quarter ms':>17s} {'last-quarter ms':>16s}")
     for name, values in sorted(TIMES.items(), key=lambda kv: -sum(kv[1])):
         q = max(1, len(values) // 4)

@@ -292,7 +292,11 @@ class Retriever:
             if mode != "dense" and cfg.graph.link_question_entities:
                 # a lone question embeds on a helper thread while spaCy parses it here (both
                 # release the GIL for most of their work, so the two overlap on two cores)
-                embedding = self._beside(embedder.embed, texts) if len(texts) <= OVERLAP_QUESTIONS else None
+                # (its own copy of the list: ``texts`` grows by the spans below while the helper
+                # may not have read it yet, and a question batched with its spans moved in its
+                # last bits with their padding, so one question gave two vectors)
+                embedding = (self._beside(embedder.embed, list(texts))
+                             if len(texts) <= OVERLAP_QUESTIONS else None)
                 # the spans graph retrieval will embed: those no name matches, by the names the
                 # latest view holds (a guess made without the lock: a span it gets wrong is
                 # embedded under the lock, or embedded for nothing)

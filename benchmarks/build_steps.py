@@ -1,6 +1,6 @@
 """Where a growing build's time goes: per-step timers over a synthetic build (scale.py's corpus).
 
-    python benchmarks/build_steps.py [--size 100000] [--batch-size 4096] [--out /tmp/hipgraph-steps] [--keep]
+    python benchmarks/build_steps.py [--size 100000] [--batch-size N] [--out /tmp/hipgraph-steps] [--keep]
                                      [--workers N]
 
 Builds one index of ``scale.py --synthetic`` (pattern extractor, hashing embedder) in this process
@@ -90,7 +90,9 @@ def cpu_seconds() -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=100_000)
-    parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="fixed batches of this many documents (default: the index's batches, "
+                             "256 growing with the index to at most 4096)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/hipgraph-steps"))
     parser.add_argument("--keep", action="store_true", help="leave the built index at --out")
     parser.add_argument("--workers", type=int, default=None,
@@ -106,7 +108,8 @@ def main() -> int:
     t0 = time.perf_counter()
     with hipgraph.open(args.out, create=True, config=config) as hg:
         report = hg.add_documents(docs, batch_size=args.batch_size, workers=args.workers)
-    print(f"{args.size} passages (synthetic vectors and extractions), batches of {args.batch_size}: "
+    batches = f"batches of {args.batch_size}" if args.batch_size else "growing batches"
+    print(f"{args.size} passages (synthetic vectors and extractions), {batches} ({len(TIMES['_write'])}): "
           f"build {time.perf_counter() - t0:.1f} s; stages {({k: round(v, 1) for k, v in report.seconds.items()})}; "
           f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     steal1 = steal_seconds()

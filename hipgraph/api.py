@@ -218,8 +218,10 @@ class HipGraph:
         """Add documents (``{"id", "text", "title"?, "metadata"?}`` or :class:`Document`).
 
         Idempotent per id: the same content is a no-op, changed content replaces the old version.
-        Each batch of ``batch_size`` documents commits atomically. ``documents`` is read as a
-        stream. The per-document work (chunking, extraction, embedding) runs on ``executor``:
+        Each batch commits atomically: ``batch_size`` documents when given, else batches that
+        start at ``config.batch_size`` (256) and grow with the index, to 1/16 of the documents it
+        holds and at most ``config.max_batch_size`` (4096), so that a batch's table lookups stay a
+        fixed share of its work. ``documents`` is read as a stream. The per-document work (chunking, extraction, embedding) runs on ``executor``:
         ``local`` (this process; with ``workers=N``, N worker processes) or ``ray`` (Ray Data on
         the cluster at ``ray_address``, or a local one with ``workers`` CPUs); the index comes out
         the same either way.

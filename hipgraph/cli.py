@@ -63,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id-field", default="id")
     p.add_argument("--text-field", default="text")
     p.add_argument("--title-field", default="title")
-    p.add_argument("--batch-size", type=int, default=None, help="documents per committed batch (256)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="documents per committed batch (default: 256, growing with the index to "
+                        "1/16 of its documents, at most 4096)")
     p.add_argument("--chunk-tokens", type=int, default=None, help="max tokens per passage (new index)")
     p.add_argument("--chunk-overlap", type=int, default=None, help="token overlap (new index)")
     p.add_argument("--vector-index", choices=("auto", "flat", "ivf", "hnsw"), default=None,

@@ -25,7 +25,7 @@ from conftest import (
 
 import hipgraph
 from hipgraph.config import ChunkConfig, EmbedderConfig, IndexConfig, SynonymConfig
-from hipgraph.errors import ExtractionError, InputError, StoreError
+from hipgraph.errors import ConfigError, ExtractionError, InputError, StoreError
 from hipgraph.indexers.extract_spacy import SpacyExtractor
 from hipgraph.types import Chunk, Document, Extraction
 
@@ -79,6 +79,45 @@ def test_add_builds_passages_entities_facts_and_all_edge_types(make_index, sampl
         assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
     hits = hg.retrieve("Who is the editor of the Journal of Mathematical Physics?", k=3, mode="dense")
     assert [h.rank for h in hits] == [1, 2, 3] and hits[0].doc_id == "m0"
+
+
+def _letters(n: int) -> list[dict[str, str]]:
+    people = ["Ada Lovelace", "Charles Babbage", "Alan Turing", "Grace Hopper", "John von Neumann"]
+    places = ["London", "Paris", "Princeton", "Cambridge", "New York"]
+    return [{"id": f"l{i}", "title": f"Letter {i}",
+             "text": f"{people[i % 5]} visited {places[i % 3]} in {1900 + i}. "
+                     f"{people[(i + 2) % 5]} wrote to {people[i % 5]} from {places[(i + 1) % 5]}."}
+            for i in range(n)]
+
+
+def test_batches_grow_with_the_index_and_build_the_same_index(make_index):
+    """Without an explicit batch size, batches start at ``batch_size`` and grow to
+    ``batch_growth`` of the documents the index holds (this call's included), at most
+    ``max_batch_size``; the index equals one built in fixed batches."""
+    config = index_config(batch_size=2, batch_growth=0.25, max_batch_size=6)
+    growing = make_index("growing", config=config)
+    batches: list[int] = []
+    growing.add_documents(_letters(40), progress=batches.append)
+    # 12 batched: int(12 * 0.25) = 3 > 2; 33 batched: 8, capped at 6; the last one takes the rest
+    assert batches == [2, 2, 2, 2, 2, 2, 3, 3, 4, 5, 6, 6, 1]
+    batches.clear()  # a later call counts the documents already held: 40 * 0.25 = 10, capped
+    growing.add_documents(_letters(50)[40:], progress=batches.append)
+    assert batches == [6, 4]
+    batches.clear()  # an explicit batch size is fixed
+    growing.add_documents([{**d, "text": d["text"] + " Revised."} for d in _letters(7)],
+                          batch_size=3, progress=batches.append)
+    assert batches == [3, 3, 1]
+    check_consistency(growing)
+    fixed = make_index("fixed", config=index_config(batch_size=5, batch_growth=0.0))
+    batches.clear()
+    fixed.add_documents(_letters(50), progress=batches.append)
+    assert batches == [5] * 10
+    fixed.add_documents([{**d, "text": d["text"] + " Revised."} for d in _letters(7)])
+    assert_same_index(dump_index(growing), dump_index(fixed))
+    for bad, message in (({"batch_growth": 1.5}, "batch_growth must be in"),
+                         ({"max_batch_size": 0}, "max_batch_size must be >= 1")):
+        with pytest.raises(ConfigError, match=message):
+            IndexConfig(**bad)
 
 
 def test_readding_the_same_documents_is_a_no_op(make_index, sample_docs, tmp_path):

@@ -120,7 +120,9 @@ class Indexer:
         batch_size: int | None = None,
         executor: Executor | None = None,
     ) -> IndexReport:
-        """Add or replace documents in batches; each batch is one transaction.
+        """Add or replace documents in batches; each batch is one transaction. ``batch_size``
+        fixes the batches' size; by default they start at ``IndexConfig.batch_size`` and grow
+        with the index (:meth:`IndexConfig.batch_sizes`).
 
         ``executor`` runs the per-document work (default: :meth:`local_executor`) and hands the
         batches back in input order; writes stay on the calling thread. Records are read as a
@@ -137,13 +139,24 @@ class Indexer:
         with self.store.writing():
             return self._add_documents(records, progress, batch_size, executor)
 
+    def _batch_sizes(self, batch_size: int | None) -> Callable[[int], int]:
+        """The size of each next batch, given how many documents this call batched so far:
+        ``batch_size`` when given, else the config's batches that grow with the index
+        (:meth:`IndexConfig.batch_sizes`)."""
+        if batch_size:
+            return lambda batched: batch_size
+        held = 0
+        if self.config.batch_growth:
+            held = int(self.store.con.execute("SELECT count(*) FROM documents").fetchall()[0][0])
+        return self.config.batch_sizes(held)
+
     def _add_documents(self, records, progress, batch_size, executor) -> IndexReport:
-        size = batch_size or self.config.batch_size
+        sizes = self._batch_sizes(batch_size)
         report = IndexReport()
         in_flight: dict[str, str] = {}  # id -> content hash of documents planned, not yet written
 
         def planned():
-            for docs, seen in self._batches(records, size, report, progress):
+            for docs, seen in self._batches(records, sizes, report, progress):
                 batch = self._plan(docs, in_flight)
                 batch.seen = seen
                 if not batch.docs:
@@ -211,10 +224,12 @@ class Indexer:
             logger.warning("FAISS files not saved after the failed batch (%s); the next open "
                            "rebuilds them from DuckDB", exc)
 
-    def _batches(self, records, size: int, report: IndexReport, progress: Progress | None):
-        """Validated documents in batches of ``size`` (a repeated id: the later record wins)."""
+    def _batches(self, records, sizes: Callable[[int], int], report: IndexReport, progress: Progress | None):
+        """Validated documents in batches of ``sizes(documents batched before)`` (a repeated id:
+        the later record wins)."""
         batch: dict[str, Document] = {}
-        seen = 0
+        seen = batched = 0
+        size = sizes(0)
         for n, record in enumerate(records):
             where = _where(record, n)
             try:
@@ -232,6 +247,8 @@ class Indexer:
             batch[doc.id] = doc
             if len(batch) >= size:
                 yield list(batch.values()), seen
+                batched += len(batch)
+                size = sizes(batched)
                 batch, seen = {}, 0
         if batch:
             yield list(batch.values()), seen

@@ -285,7 +285,7 @@ def run_pipeline(args: argparse.Namespace) -> dict[str, Any]:
 
     import_seconds = time.perf_counter() - t0
     records = load_records(args.bundle, args.limit)
-    log(f"pipeline: {len(records)} documents -> {args.out} (batch {args.batch_size})")
+    log(f"pipeline: {len(records)} documents -> {args.out} (batch {args.batch_size or 'growing'})")
 
     load: dict[str, float] = {"import_hipgraph": import_seconds}
     config = hipgraph.IndexConfig()
@@ -443,7 +443,7 @@ def _dump_profile(profiler, path: str) -> None:
 def _child(mode: str, args: argparse.Namespace, result: Path, out: Path | None) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), f"--_{mode}-only",
            "--_result", str(result), "--bundle", str(args.bundle),
-           "--batch-size", str(args.batch_size),
+           *(["--batch-size", str(args.batch_size)] if args.batch_size else []),
            "--reference-sample", str(args.reference_sample),
            "--reference-repeats", str(args.reference_repeats)]
     if args.limit is not None:
@@ -588,7 +588,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="passages in the embedder reference comparison (0 skips it)")
     p.add_argument("--reference-repeats", type=int, default=1,
                    help="timed repeats per reference embedder (best is reported)")
-    p.add_argument("--batch-size", type=int, default=256, help="documents per committed batch")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="fixed batches of this many documents (default: the index's, 256 growing with it)")
     p.add_argument("--cold", action="store_true",
                    help="do not pre-load the models: loading then counts in the first batch")
     p.add_argument("--profile", default=None, metavar="FILE",

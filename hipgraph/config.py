@@ -512,13 +512,8 @@ class IndexConfig:
     synonyms: SynonymConfig = field(default_factory=SynonymConfig)
     vectors: VectorIndexConfig = field(default_factory=VectorIndexConfig)
     conversation: ConversationConfig = field(default_factory=ConversationConfig)
-    # Documents per committed batch: the first batches of a write call take ``batch_size``; later
-    # ones grow with the index, to ``batch_growth`` of the documents it holds (those this call
-    # added included), at most ``max_batch_size`` (never below ``batch_size``). A batch's lookups
-    # scan the tables it joins with, so fixed batches cost more each as the index grows (a
-    # quadratic build); batches that grow with it keep those scans a fixed share of the work.
-    # ``batch_growth=0`` keeps every batch at ``batch_size``; so does an explicit batch size
-    # passed to ``add_documents`` (or ``hipgraph index --batch-size``).
+    # documents per committed batch: ``batch_size`` at first, then ``batch_growth`` of the documents
+    # held, at most ``max_batch_size`` (0 growth, or an explicit size, keeps them fixed; README)
     batch_size: int = 256
     batch_growth: float = 1 / 16
     max_batch_size: int = 4096
@@ -527,12 +522,6 @@ class IndexConfig:
         _check(self.batch_size >= 1, "batch_size must be >= 1")
         _check(0.0 <= self.batch_growth <= 1.0, f"batch_growth must be in [0, 1], got {self.batch_growth}")
         _check(self.max_batch_size >= 1, "max_batch_size must be >= 1")
-
-    def batch_sizes(self, held: int):
-        """The size of each next batch of a write call into an index holding ``held`` documents,
-        as a function of how many documents the call has batched so far (see ``batch_size``)."""
-        first, cap, growth = self.batch_size, max(self.batch_size, self.max_batch_size), self.batch_growth
-        return lambda batched: min(cap, max(first, int((held + batched) * growth)))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -122,7 +122,7 @@ class Indexer:
     ) -> IndexReport:
         """Add or replace documents in batches; each batch is one transaction. ``batch_size``
         fixes the batches' size; by default they start at ``IndexConfig.batch_size`` and grow
-        with the index (:meth:`IndexConfig.batch_sizes`).
+        with the index (:meth:`_batch_sizes`).
 
         ``executor`` runs the per-document work (default: :meth:`local_executor`) and hands the
         batches back in input order; writes stay on the calling thread. Records are read as a
@@ -141,14 +141,18 @@ class Indexer:
 
     def _batch_sizes(self, batch_size: int | None) -> Callable[[int], int]:
         """The size of each next batch, given how many documents this call batched so far:
-        ``batch_size`` when given, else the config's batches that grow with the index
-        (:meth:`IndexConfig.batch_sizes`)."""
+        ``batch_size`` when given, else ``config.batch_size`` growing to ``config.batch_growth``
+        of the documents held (those batched included), at most ``config.max_batch_size``. A
+        batch's lookups scan the tables they join with, so fixed batches cost more each as the
+        index grows (a quadratic build); growing ones keep those scans a fixed share."""
         if batch_size:
             return lambda batched: batch_size
+        config = self.config
+        first, cap, growth = config.batch_size, max(config.batch_size, config.max_batch_size), config.batch_growth
         held = 0
-        if self.config.batch_growth:
+        if growth:
             held = int(self.store.con.execute("SELECT count(*) FROM documents").fetchall()[0][0])
-        return self.config.batch_sizes(held)
+        return lambda batched: min(cap, max(first, int((held + batched) * growth)))
 
     def _add_documents(self, records, progress, batch_size, executor) -> IndexReport:
         sizes = self._batch_sizes(batch_size)

@@ -219,9 +219,9 @@ class HipGraph:
 
         Idempotent per id: the same content is a no-op, changed content replaces the old version.
         Each batch commits atomically: ``batch_size`` documents when given, else batches that
-        start at ``config.batch_size`` (256) and grow with the index, to 1/16 of the documents it
-        holds and at most ``config.max_batch_size`` (4096), so that a batch's table lookups stay a
-        fixed share of its work. ``documents`` is read as a stream. The per-document work (chunking, extraction, embedding) runs on ``executor``:
+        start at ``config.batch_size`` and grow with the index (``config.batch_growth`` of the
+        documents it holds, at most ``config.max_batch_size``). ``documents`` is read as a
+        stream. The per-document work (chunking, extraction, embedding) runs on ``executor``:
         ``local`` (this process; with ``workers=N``, N worker processes) or ``ray`` (Ray Data on
         the cluster at ``ray_address``, or a local one with ``workers`` CPUs); the index comes out
         the same either way.

@@ -50,7 +50,7 @@ STEPS = [
     (graph_update, GRAPH_STEPS),
     (pipeline, GRAPH_STEPS),  # the names the pipeline imported (each call is timed once, here)
     (pipeline.Indexer, ("_existing", "_resolve_existing", "_write")),
-    (vector_set.VectorSet, ("apply",)),
+    (vector_set.VectorSet, ("apply", "_rebuild")),  # _rebuild: (re)training an IVF layout
     (database.GraphStore, ("insert", "write_vectors", "allocate_id_blocks", "bump_generation",
                            "_checkpoint_if_due")),
 ]

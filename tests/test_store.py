@@ -602,6 +602,52 @@ def test_range_search_probes_the_lists_asked_for_without_changing_the_index():
            [ids.tolist() for ids, _ in flat.range_search(queries, 0.5)]
 
 
+@pytest.mark.parametrize("encoding,residual", [("sq8", True), ("sq8", False), ("flat", False)])
+def test_ivf_range_search_by_list_products_equals_faiss_range_search(monkeypatch, encoding, residual):
+    # a batch of queries that probe each list many times is searched as one matrix product per
+    # list on the decoded codes; FAISS's own range search over the same lists is the reference
+    d, n = 48, 6000
+    stored = _unit(n, d, seed=11)
+    stored[3000:3600] = stored[:600] + 0.35 * _unit(600, d, seed=12)  # near neighbours to find
+    stored /= np.linalg.norm(stored, axis=1, keepdims=True)
+    ids = np.random.default_rng(5).permutation(10 * n)[:n].astype(np.int64)
+    config = VectorIndexConfig(kind="ivf", ivf_nlist=24, ivf_nprobe=5, min_train_size=100,
+                               ivf_encoding=encoding, use_gpu="never")
+    index = FaissVectorIndex(d, config)
+    index.build(ids[:5000], stored[:5000])
+    index.add(ids[5000:], stored[5000:])  # lists grown after training, as a build does
+    assert index._inner.by_residual == (encoding == "sq8")  # FAISS's defaults
+    if index._inner.by_residual and not residual:  # SQ8 codes of the vectors themselves
+        index._inner.by_residual = False
+        index._index.reset()
+        index.add(ids, stored)
+    queries = np.vstack([stored[:700], _unit(50, d, seed=13)])
+    queries[:200] += 0.05 * _unit(200, d, seed=14)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    calls = []
+    real = FaissVectorIndex._ivf_range_search
+    monkeypatch.setattr(FaissVectorIndex, "_ivf_range_search",
+                        lambda self, *a: calls.append(len(a[0])) or real(self, *a))
+    for nprobe in (0, 2, 24):
+        monkeypatch.setattr(vectors_module, "IVF_BLAS_QUERIES_PER_LIST", 10**9)  # FAISS's scan
+        reference = index.range_search(queries, 0.7, nprobe=nprobe)
+        assert not calls
+        monkeypatch.setattr(vectors_module, "IVF_BLAS_QUERIES_PER_LIST", 1)
+        monkeypatch.setattr(vectors_module, "RANGE_BATCH", 300)  # three chunks of queries
+        found = index.range_search(queries, 0.7, nprobe=nprobe)
+        assert calls == [300, 300, 150]
+        calls.clear()
+        total = 0
+        for (want_ids, want_scores), (got_ids, got_scores) in zip(reference, found, strict=True):
+            order = np.argsort(want_ids)
+            assert got_ids.tolist() == want_ids[order].tolist()  # sorted by id
+            assert np.allclose(got_scores, want_scores[order], atol=1e-5)
+            assert (got_scores >= 0.7).all()
+            total += len(got_ids)
+        assert total > 600  # the planted neighbours at least (each query finds itself too)
+    assert index._inner.nprobe == 5  # the index's own setting is untouched
+
+
 def test_flat_range_search_equals_faiss_range_search_after_removals(monkeypatch):
     # the flat layout's range search runs as blocked BLAS products on the stored vectors; FAISS's
     # own range search over the same index is the reference (ids, order and scores)

@@ -122,3 +122,39 @@ def test_threshold_decision_is_the_exact_cosine_not_a_float32_score(make_index, 
         saved = dict(hg.store.con.execute("SELECT id, synonym_degree FROM entities").fetchall())
         assert [saved[int(i)] for i in ids] == degree.tolist()
         check_consistency(hg)
+
+
+def test_synonym_edges_over_an_ivf_entity_index_equal_faiss_scan_and_by_list_products(
+        make_index, sample_docs, monkeypatch):
+    """Over an IVF entity index, a batch's candidates come from FAISS's range search, one query at
+    a time, or from one matrix product per probed list once a batch probes each list often
+    enough: both probe the same lists and decode the same codes, so the edges, weights and
+    degrees are the same; with every list probed both equal the brute-force rule."""
+    from hipgraph.config import VectorIndexConfig
+    from hipgraph.store import vectors as vectors_module
+
+    docs = sample_docs[:N_DOCS]
+    synonyms = SynonymConfig(threshold=0.55, max_neighbors=8)
+    searched = []  # query rows per call of the list products
+    real = vectors_module.FaissVectorIndex._ivf_range_search
+    monkeypatch.setattr(vectors_module.FaissVectorIndex, "_ivf_range_search",
+                        lambda self, queries, *a: searched.append(len(queries)) or real(self, queries, *a))
+    builds = {}
+    for nprobe in (4, 1):
+        for path, per_list in (("scan", 10**9), ("products", 1)):
+            monkeypatch.setattr(vectors_module, "IVF_BLAS_QUERIES_PER_LIST", per_list)
+            searched.clear()
+            vectors = VectorIndexConfig(kind="ivf", ivf_nlist=4, ivf_nprobe=nprobe, min_train_size=40,
+                                        use_gpu="never")
+            hg = make_index(f"{path}{nprobe}", config=index_config(synonyms=synonyms, vectors=vectors))
+            hg.add_documents(docs[:4], batch_size=4)  # enough entities to train the IVF lists
+            assert hg.vectors.indexes["entity"].layout == "ivf"
+            hg.add_documents(docs[4:], batch_size=4)
+            assert (sum(searched) > 100) == (path == "products"), searched  # the path asked for
+            if nprobe == 4:  # every list probed: the search is exact up to the SQ8 margin
+                check_consistency(hg)
+            builds[path, nprobe] = _synonyms_by_name(hg)
+    for nprobe in (4, 1):
+        edges, degrees = builds["scan", nprobe]
+        assert len(edges) > 50
+        assert builds["products", nprobe] == (edges, degrees), nprobe

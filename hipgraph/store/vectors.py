@@ -26,6 +26,10 @@ FLOAT_CANDIDATE_MARGIN = 1e-4
 SQ8_CANDIDATE_MARGIN = 1e-2
 RANGE_BATCH = 4096  # query rows per FAISS range search (synonym kNN of a batch's new entities)
 FLAT_RANGE_BLOCK = 1 << 23  # scores (floats) per block of a flat range search: 32 MB
+# an IVF range search runs as one matrix product per probed list (BLAS) once a call probes each
+# list for at least this many queries on average; below it FAISS's own scan, one query at a time,
+# is faster (it needs no decoding of whole lists)
+IVF_BLAS_QUERIES_PER_LIST = 16
 
 
 def _faiss():
@@ -239,8 +243,14 @@ class FaissVectorIndex:
         if self.layout == "flat":
             return self._flat_range_search(queries, threshold)
         params = None
-        if nprobe > 0 and self.layout == "ivf":
-            params = self._faiss.SearchParametersIVF(nprobe=min(int(nprobe), int(self._inner.nlist)))
+        if self.layout == "ivf":
+            nlist = int(self._inner.nlist)
+            probes = min(int(nprobe), nlist) if nprobe > 0 else int(self._inner.nprobe)
+            if nprobe > 0:
+                params = self._faiss.SearchParametersIVF(nprobe=probes)
+            if len(queries) * probes >= IVF_BLAS_QUERIES_PER_LIST * nlist and self._blas_decodable():
+                return [hit for lo in range(0, len(queries), RANGE_BATCH)  # bounded score matrices
+                        for hit in self._ivf_range_search(queries[lo:lo + RANGE_BATCH], threshold, probes)]
         out = []
         for lo in range(0, len(queries), RANGE_BATCH):  # bounded result buffers on any batch size
             part = queries[lo:lo + RANGE_BATCH]
@@ -267,6 +277,86 @@ class FaissVectorIndex:
             bounds = np.searchsorted(rows, np.arange(len(scores) + 1))
             out.extend((ids[cols[a:b]], found[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
         return out
+
+    def _blas_decodable(self) -> bool:
+        """Whether :meth:`_ivf_range_search` can read this IVF layout's lists: float lists, or
+        8-bit scalar-quantized ones (the layouts :meth:`_new_index` builds)."""
+        faiss, inner = self._faiss, self._inner
+        if not isinstance(faiss.downcast_InvertedLists(inner.invlists), faiss.ArrayInvertedLists):
+            return False  # lists not held in memory (e.g. memory-mapped): FAISS reads them
+        if isinstance(inner, faiss.IndexIVFFlat):
+            return True
+        return (isinstance(inner, faiss.IndexIVFScalarQuantizer)
+                and inner.sq.qtype == faiss.ScalarQuantizer.QT_8bit and inner.sq.bits == 8)
+
+    def _ivf_range_search(self, queries: np.ndarray, threshold: float, nprobe: int
+                          ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`range_search` over an IVF layout as one matrix product (BLAS) per probed list.
+
+        The same lists as FAISS's range search (the quantizer's ``nprobe`` best per query) and
+        the same scores up to float rounding: an SQ8 code decodes to ``vmin + (code + 0.5) *
+        vdiff / 255`` per dimension (FAISS's 8-bit non-uniform codec), so the query's product
+        with it is ``q @ vmin + 0.5 * sum(q * vdiff / 255)`` plus ``(q * vdiff / 255) @ code``,
+        and residual codes add the query's product with the list's centroid, which the quantizer
+        search returns. FAISS scans each list once per query (memory-bound); a batch's queries
+        that probe one list share its codes here, 2-2.5x faster for a batch of thousands of names
+        against 276k (benchmarks/synonym_search.py). Results per query are sorted by id.
+        """
+        faiss, inner = self._faiss, self._inner
+        m, d = queries.shape
+        coarse, lists = inner.quantizer.search(queries, nprobe)
+        lists, coarse = lists.ravel(), coarse.ravel()
+        rows = np.repeat(np.arange(m), nprobe)
+        order = np.argsort(lists, kind="stable")
+        lists, rows, coarse = lists[order], rows[order], coarse[order]
+        valid = lists >= 0  # a list the quantizer could not fill
+        lists, rows, coarse = lists[valid], rows[valid], coarse[valid]
+        if isinstance(inner, faiss.IndexIVFScalarQuantizer):
+            trained = faiss.vector_to_array(inner.sq.trained)
+            vmin, vdiff = trained[:d], trained[d:]
+            scaled = np.ascontiguousarray(queries * (vdiff / 255.0)[None, :], dtype=np.float32)
+            base = (queries @ vmin + 0.5 * scaled.sum(axis=1))[rows]  # per (query, list) pair
+            if inner.by_residual:
+                base = base + coarse
+        else:
+            scaled, base = queries, np.zeros(len(rows), np.float32)
+        invlists, code_size = inner.invlists, int(inner.code_size)
+        id_map = faiss.vector_to_array(self._index.id_map)
+        starts = np.flatnonzero(np.r_[True, lists[1:] != lists[:-1]]) if len(lists) else np.zeros(0, np.int64)
+        ends = np.r_[starts[1:], len(lists)]
+        found_rows, found_ids, found_scores = [], [], []
+        gathered = np.empty((int((ends - starts).max(initial=0)), d), np.float32)  # one buffer, reused
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            list_no = int(lists[a])
+            size = int(invlists.list_size(list_no))
+            if size == 0:
+                continue
+            codes = faiss.rev_swig_ptr(invlists.get_codes(list_no), size * code_size)
+            if isinstance(inner, faiss.IndexIVFFlat):
+                stored = codes.view(np.float32).reshape(size, d)
+            else:
+                stored = codes.reshape(size, code_size).astype(np.float32)
+            internal = faiss.rev_swig_ptr(invlists.get_ids(list_no), size)
+            probing = rows[a:b]
+            scores = np.take(scaled, probing, axis=0, out=gathered[:b - a]) @ stored.T
+            hits = scores >= (threshold - 1e-6 - base[a:b])[:, None]
+            if not hits.any():
+                continue
+            r, c = np.nonzero(hits)
+            score = scores[r, c] + base[a:b][r]
+            keep = score >= threshold  # decided on the score returned, as FAISS's path does
+            if keep.any():
+                found_rows.append(probing[r[keep]])
+                found_ids.append(id_map[internal[c[keep]]])
+                found_scores.append(score[keep])
+        if not found_rows:
+            return [(np.zeros(0, np.int64), np.zeros(0, np.float32)) for _ in range(m)]
+        found_rows, found_ids = np.concatenate(found_rows), np.concatenate(found_ids).astype(np.int64)
+        found_scores = np.concatenate(found_scores).astype(np.float32)
+        order = np.lexsort((found_ids, found_rows))
+        found_rows, found_ids, found_scores = found_rows[order], found_ids[order], found_scores[order]
+        bounds = np.searchsorted(found_rows, np.arange(m + 1))
+        return [(found_ids[a:b], found_scores[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def _search_index(self):
         if self.config.use_gpu == "never" or self.layout == "hnsw":

@@ -38,7 +38,7 @@ import hipgraph  # noqa: E402
 from hipgraph import registry  # noqa: E402
 from hipgraph.config import EmbedderConfig, ExtractorConfig, IndexConfig  # noqa: E402
 from hipgraph.indexers import graph_update, pipeline  # noqa: E402
-from hipgraph.store import database, vector_set  # noqa: E402
+from hipgraph.store import database, vector_set, vectors  # noqa: E402
 
 # at module level, so that spawned worker processes (--workers) know the extractor too
 registry.register("extractor", "pattern", "scale:PatternExtractor")
@@ -51,6 +51,7 @@ STEPS = [
     (pipeline, GRAPH_STEPS),  # the names the pipeline imported (each call is timed once, here)
     (pipeline.Indexer, ("_existing", "_resolve_existing", "_write")),
     (vector_set.VectorSet, ("apply", "_rebuild")),  # _rebuild: (re)training an IVF layout
+    (vectors.FaissVectorIndex, ("range_search", "_ivf_range_search")),  # synonym candidates
     (database.GraphStore, ("insert", "write_vectors", "allocate_id_blocks", "bump_generation",
                            "_checkpoint_if_due")),
 ]

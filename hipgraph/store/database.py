@@ -524,10 +524,11 @@ class GraphStore:
         """Up to ``n`` vectors of ``kind`` drawn uniformly (reservoir sample, repeatable)."""
         if kind not in VECTOR_KINDS:
             raise ValueError(f"unknown vector kind {kind!r}")
-        dim = int(self.meta_get("dimension"))
-        table = self.con.sql(f"SELECT id, vec FROM {kind}_vectors USING SAMPLE reservoir({int(n)} ROWS) "
-                             f"REPEATABLE ({int(seed)}) ORDER BY id").to_arrow_table()
-        return vector_batch(table.column("id"), table.column("vec"), dim)[1]
+        # the sample is drawn over the ids alone, then only its vectors are read: sampling whole
+        # rows read every vector (4.8 s against 0.3 + 0.7 s for 114k of 800k)
+        picked = self.con.sql(f"SELECT id FROM {kind}_vectors USING SAMPLE reservoir({int(n)} ROWS) "
+                              f"REPEATABLE ({int(seed)})").to_arrow_table().column("id").to_numpy()
+        return self.read_vectors(kind, np.sort(picked.astype(np.int64, copy=False)))[1]
 
     def vector_ids(self, kind: str) -> np.ndarray:
         rows = self.con.sql(f"SELECT id FROM {kind}_vectors ORDER BY id").to_arrow_table()

@@ -3,6 +3,7 @@
     python benchmarks/synonym_search.py --db indexes/musique --db indexes/2wiki [--nprobe 4,8,16,32,0]
     python benchmarks/synonym_search.py --synthetic 200000
     python benchmarks/synonym_search.py --db indexes/musique --hnsw 16,32,64   # also HNSW rows
+    python benchmarks/synonym_search.py --synthetic 1000000 --batches 32,128,512,4096
 
 Synonym edges join entities whose name vectors have cosine >= 0.8 (``SynonymConfig.threshold``).
 Each batch searches its new entities against the entity index: exact (flat, BLAS) below
@@ -13,6 +14,12 @@ threshold minus the SQ8 candidate margin through IVF-SQ8 (nlist 2*sqrt(n), as th
 it) for each ``--nprobe`` (0: the index's own, max(32, nlist/8)), against the exact pairs from
 a flat BLAS search of the same vectors: the share of pairs found (each found candidate is then
 decided on its exact cosine, so no pair is ever wrong, only missed) and the wall time.
+
+``--batches M,...`` measures one write batch instead: M new names (drawn at random, the largest M
+held out) against an IVF-SQ8 index of all the others, through FAISS's range search (one query at
+a time) and through one matrix product per probed list (``FaissVectorIndex`` picks the latter once
+a call probes each list ``IVF_BLAS_QUERIES_PER_LIST`` times on average), and checks that both
+find the same candidates.
 
 ``--hnsw EF,...`` adds one row per HNSW ``efSearch`` for a sublinear candidate search: each name's
 ``max_neighbors + 1`` nearest neighbours through an HNSW graph (float vectors, M 32, built once,
@@ -97,8 +104,11 @@ def main() -> int:
     parser.add_argument("--threshold", type=float, default=0.8)
     parser.add_argument("--max-neighbors", type=int, default=32)
     parser.add_argument("--hnsw", default="", help="efSearch values for HNSW rows (none by default)")
+    parser.add_argument("--batches", default="", help="new-name counts of single batches (instead of all pairs)")
     args = parser.parse_args()
     vectors = synthetic_vectors(args.synthetic) if args.synthetic else index_vectors(args.db)
+    if args.batches:
+        return batch_rows(vectors, [int(x) for x in args.batches.split(",")], args.threshold)
     n, d = vectors.shape
     config = VectorIndexConfig()
     per_list_default = vectors_module.IVF_BLAS_QUERIES_PER_LIST
@@ -135,6 +145,35 @@ def main() -> int:
     vectors_module.IVF_BLAS_QUERIES_PER_LIST = per_list_default
     if args.hnsw:
         hnsw_rows(vectors, exact, exact_edges, t_flat, args)
+    return 0
+
+
+def batch_rows(vectors: np.ndarray, sizes: list[int], threshold: float) -> int:
+    vectors = vectors[np.random.default_rng(0).permutation(len(vectors))]
+    held = len(vectors) - max(sizes)
+    ivf = FaissVectorIndex(vectors.shape[1], VectorIndexConfig(use_gpu="never"))  # the default layout
+    ivf.build(np.arange(held, dtype=np.int64), vectors[:held])
+    if ivf.layout != "ivf":
+        print(f"{held} held vectors are below the IVF threshold: nothing to compare")
+        return 1
+    nlist, nprobe = int(ivf._inner.nlist), int(ivf._inner.nprobe)
+    default = vectors_module.IVF_BLAS_QUERIES_PER_LIST
+    print(f"one batch of new names against {held} held (IVF-SQ8, nlist {nlist}, nprobe {nprobe}); "
+          f"list products from {default} queries per list")
+    print("| new names | queries per list | FAISS scan ms | list products ms | same candidates |")
+    print("|---|---|---|---|---|")
+    for m in sizes:
+        queries = np.ascontiguousarray(vectors[held:held + m])
+        found, cells = [], []
+        for per_list in (10**12, 0):
+            vectors_module.IVF_BLAS_QUERIES_PER_LIST = per_list
+            t0 = time.perf_counter()
+            hits = ivf.range_search(queries, threshold - SQ8_CANDIDATE_MARGIN)
+            cells.append(f"{1000 * (time.perf_counter() - t0):.0f}")
+            found.append({(q, int(i)) for q, (ids, _) in enumerate(hits) for i in ids.tolist()})
+        vectors_module.IVF_BLAS_QUERIES_PER_LIST = default
+        print(f"| {m} | {m * nprobe / nlist:.1f} | {' | '.join(cells)} | {found[0] == found[1]} ({len(found[0])}) |",
+              flush=True)
     return 0
 
 

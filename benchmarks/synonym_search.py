@@ -111,7 +111,6 @@ def main() -> int:
         return batch_rows(vectors, [int(x) for x in args.batches.split(",")], args.threshold)
     n, d = vectors.shape
     config = VectorIndexConfig()
-    per_list_default = vectors_module.IVF_BLAS_QUERIES_PER_LIST
     nlist = config.nlist(n)
     t0 = time.perf_counter()
     exact = exact_pairs(vectors, args.threshold)
@@ -128,24 +127,37 @@ def main() -> int:
     for raw in args.nprobe.split(","):
         nprobe = int(raw) or config.nprobe(nlist)
         cells, results = [], []
-        for per_list in (10**12, 0):  # FAISS's scan per query; one matrix product per list
-            vectors_module.IVF_BLAS_QUERIES_PER_LIST = per_list
-            t0 = time.perf_counter()
-            found = set()
-            for lo in range(0, n, 4096):
-                hits = ivf.range_search(vectors[lo:lo + 4096], args.threshold - SQ8_CANDIDATE_MARGIN, nprobe=nprobe)
-                found |= {(lo + q, int(j)) for q, (ids, _) in enumerate(hits) for j in ids.tolist() if lo + q < j}
-            seconds = time.perf_counter() - t0
+        for seconds, found in both_searches(ivf, vectors, args.threshold - SQ8_CANDIDATE_MARGIN, nprobe):
             cells.append(f"{seconds:.1f} | {seconds / t_flat:.2f}")
-            results.append(found)
+            results.append({(a, b) for a, b in found if a < b})
         same = "" if results[0] == results[1] else f" (the two searches differ in {len(results[0] ^ results[1])} pairs)"
         print(f"| {nprobe}{' (default)' if raw == '0' else ''} | {nprobe / nlist:.3f} | "
               f"{quality(results[0], exact, exact_edges, args.max_neighbors)} | {' | '.join(cells)} |{same}",
               flush=True)
-    vectors_module.IVF_BLAS_QUERIES_PER_LIST = per_list_default
     if args.hnsw:
         hnsw_rows(vectors, exact, exact_edges, t_flat, args)
     return 0
+
+
+def both_searches(ivf: FaissVectorIndex, queries: np.ndarray, search: float, nprobe: int
+                  ) -> list[tuple[float, set[tuple[int, int]]]]:
+    """``(seconds, {(query row, id)})`` of the range search over ``queries`` (in calls of 4,096
+    rows, as a build's batch) through FAISS's scan per query, then through one matrix product per
+    probed list."""
+    default = vectors_module.IVF_BLAS_QUERIES_PER_LIST
+    runs = []
+    try:
+        for per_list in (10**12, 0):
+            vectors_module.IVF_BLAS_QUERIES_PER_LIST = per_list
+            t0 = time.perf_counter()
+            found = set()
+            for lo in range(0, len(queries), 4096):
+                hits = ivf.range_search(queries[lo:lo + 4096], search, nprobe=nprobe)
+                found |= {(lo + q, int(j)) for q, (ids, _) in enumerate(hits) for j in ids.tolist()}
+            runs.append((time.perf_counter() - t0, found))
+    finally:
+        vectors_module.IVF_BLAS_QUERIES_PER_LIST = default
+    return runs
 
 
 def batch_rows(vectors: np.ndarray, sizes: list[int], threshold: float) -> int:
@@ -157,21 +169,14 @@ def batch_rows(vectors: np.ndarray, sizes: list[int], threshold: float) -> int:
         print(f"{held} held vectors are below the IVF threshold: nothing to compare")
         return 1
     nlist, nprobe = int(ivf._inner.nlist), int(ivf._inner.nprobe)
-    default = vectors_module.IVF_BLAS_QUERIES_PER_LIST
     print(f"one batch of new names against {held} held (IVF-SQ8, nlist {nlist}, nprobe {nprobe}); "
-          f"list products from {default} queries per list")
+          f"list products from {vectors_module.IVF_BLAS_QUERIES_PER_LIST} queries per list")
     print("| new names | queries per list | FAISS scan ms | list products ms | same candidates |")
     print("|---|---|---|---|---|")
     for m in sizes:
-        queries = np.ascontiguousarray(vectors[held:held + m])
-        found, cells = [], []
-        for per_list in (10**12, 0):
-            vectors_module.IVF_BLAS_QUERIES_PER_LIST = per_list
-            t0 = time.perf_counter()
-            hits = ivf.range_search(queries, threshold - SQ8_CANDIDATE_MARGIN)
-            cells.append(f"{1000 * (time.perf_counter() - t0):.0f}")
-            found.append({(q, int(i)) for q, (ids, _) in enumerate(hits) for i in ids.tolist()})
-        vectors_module.IVF_BLAS_QUERIES_PER_LIST = default
+        runs = both_searches(ivf, vectors[held:held + m], threshold - SQ8_CANDIDATE_MARGIN, 0)
+        cells = [f"{1000 * seconds:.0f}" for seconds, _ in runs]
+        found = [pairs for _, pairs in runs]
         print(f"| {m} | {m * nprobe / nlist:.1f} | {' | '.join(cells)} | {found[0] == found[1]} ({len(found[0])}) |",
               flush=True)
     return 0

@@ -311,7 +311,8 @@ class FaissVectorIndex:
         lists, rows, coarse = lists[order], rows[order], coarse[order]
         valid = lists >= 0  # a list the quantizer could not fill
         lists, rows, coarse = lists[valid], rows[valid], coarse[valid]
-        if isinstance(inner, faiss.IndexIVFScalarQuantizer):
+        float_lists = isinstance(inner, faiss.IndexIVFFlat)
+        if not float_lists:  # 8-bit scalar-quantized (_blas_decodable)
             trained = faiss.vector_to_array(inner.sq.trained)
             vmin, vdiff = trained[:d], trained[d:]
             scaled = np.ascontiguousarray(queries * (vdiff / 255.0)[None, :], dtype=np.float32)
@@ -332,7 +333,7 @@ class FaissVectorIndex:
             if size == 0:
                 continue
             codes = faiss.rev_swig_ptr(invlists.get_codes(list_no), size * code_size)
-            if isinstance(inner, faiss.IndexIVFFlat):
+            if float_lists:
                 stored = codes.view(np.float32).reshape(size, d)
             else:
                 stored = codes.reshape(size, code_size).astype(np.float32)

@@ -28,8 +28,9 @@ RANGE_BATCH = 4096  # query rows per FAISS range search (synonym kNN of a batch'
 FLAT_RANGE_BLOCK = 1 << 23  # scores (floats) per block of a flat range search: 32 MB
 # an IVF range search runs as one matrix product per probed list (BLAS) once a call probes each
 # list for at least this many queries on average; below it FAISS's own scan, one query at a time,
-# is faster (it needs no decoding of whole lists)
-IVF_BLAS_QUERIES_PER_LIST = 16
+# is faster (it needs no decoding of whole lists). Measured even at 5-8 queries per list on two
+# machines (``benchmarks/synonym_search.py --batches``), ahead from there on
+IVF_BLAS_QUERIES_PER_LIST = 8
 
 
 def _faiss():

@@ -151,6 +151,35 @@ def test_to_csr_sums_duplicates_and_symmetrises():
     np.testing.assert_allclose(weights, [2.0])
 
 
+@pytest.mark.parametrize("undirected", [True, False])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint16])
+def test_to_csr_matches_scipy(undirected, dtype):
+    """Against scipy's COO -> CSR (duplicates summed, columns sorted), with hub rows long enough
+    for the kernel's mergesort branch and short rows for its insertion sort; weights are
+    multiples of 1/8, so every sum is exact in any order."""
+    from scipy import sparse
+
+    rng = np.random.default_rng(5)
+    for n, m, e in ((1, 1, 0), (1, 1, 3), (40, 40, 300), (500, 700, 20_000)):
+        m = n if undirected else m
+        src, dst = rng.integers(0, n, e), rng.integers(0, m, e)
+        src[: e // 3] = n // 2  # a hub row (and, undirected, a hub column)
+        if n > 1 and e:
+            dst[: e // 5] = src[: e // 5]  # self-loops, added once
+        w = rng.integers(0, 64, e) / 8
+        indptr, indices, weights = to_csr(n, src.astype(dtype), dst.astype(dtype), w,
+                                          undirected=undirected, n_cols=None if undirected else m)
+        if undirected:
+            off = src != dst
+            src, dst, w = np.r_[src, dst[off]], np.r_[dst, src[off]], np.r_[w, w[off]]
+        want = sparse.coo_array((w, (src, dst)), shape=(n, m)).tocsr()
+        want.sum_duplicates()  # also sorts the columns; explicit zeros stay, as in to_csr
+        assert indptr.dtype == np.int64 and indices.dtype == np.int32 and weights.dtype == np.float64
+        np.testing.assert_array_equal(indptr, want.indptr)
+        np.testing.assert_array_equal(indices, want.indices)
+        np.testing.assert_array_equal(weights, want.data)
+
+
 @pytest.mark.parametrize("damping", [0.5, 0.85])
 def test_push_top10_agrees_with_exact(damping):
     rng = np.random.default_rng(11)

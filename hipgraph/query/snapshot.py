@@ -134,13 +134,18 @@ def build_snapshot(store: GraphStore) -> GraphSnapshot:
     ent_dst = _lookup(entity_ids, dst_e)
     ok_m = (mention_src >= 0) & (mention_dst >= 0)
     ok_e = (ent_src >= 0) & (ent_dst >= 0)
-    src = np.concatenate([mention_src[ok_m], n_p + ent_src[ok_e]])
-    dst = np.concatenate([n_p + mention_dst[ok_m], n_p + ent_dst[ok_e]])
-    weight = np.concatenate([np.ones(int(ok_m.sum())), np.asarray(w_e, np.float64)[ok_e]])
+    # node numbers as int32 (prepare_graph allows fewer than 2**31 nodes): the edge arrays of a
+    # large index are its largest temporaries
+    m_src, m_dst = mention_src[ok_m].astype(np.int32), mention_dst[ok_m].astype(np.int32)
+    del mention_src, mention_dst, src_m, dst_m, cols["mentions"]
+    src = np.concatenate([m_src, (n_p + ent_src[ok_e]).astype(np.int32)])
+    dst = np.concatenate([n_p + m_dst, (n_p + ent_dst[ok_e]).astype(np.int32)])
+    weight = np.concatenate([np.ones(m_src.size), np.asarray(w_e, np.float64)[ok_e]])
+    del ent_src, ent_dst, src_e, dst_e, w_e, cols["entity_edges"]
     indptr, indices, weights = to_csr(n_p + n_e, src, dst, weight, undirected=True)
+    del src, dst, weight
     # entity -> passage matrix (mention edges are distinct per passage-entity pair)
-    ep_indptr, ep_indices, _ = to_csr(n_e, mention_dst[ok_m], mention_src[ok_m], undirected=False,
-                                      n_cols=n_p)
+    ep_indptr, ep_indices, _ = to_csr(n_e, m_dst, m_src, undirected=False, n_cols=n_p)
     fid, fs, fo = cols["facts"]
     return _assemble(generation, {
         "passage_ids": passage_ids, "entity_ids": entity_ids,

@@ -44,8 +44,10 @@ def to_csr(
         raise ValueError(f"src and dst must have the same length, got {src.size} and {dst.size}")
     if src.size and not (np.issubdtype(src.dtype, np.integer) and np.issubdtype(dst.dtype, np.integer)):
         raise ValueError("src and dst must be integer node ids")
-    src = src.astype(np.int64, copy=False)
-    dst = dst.astype(np.int64, copy=False)
+    if src.dtype not in (np.int32, np.int64):  # the kernel is compiled for these two
+        src = src.astype(np.int64)
+    if dst.dtype not in (np.int32, np.int64):
+        dst = dst.astype(np.int64)
     if weight is None:
         w = np.ones(src.size, dtype=np.float64)
     else:
@@ -61,18 +63,74 @@ def to_csr(
         raise ValueError("edge weights must be finite")
     if np.any(w < 0):
         raise ValueError("edge weights must be non-negative")
+    indptr, indices, weights = _coo_to_csr(n, src, dst, w, undirected)
+    return indptr, indices, weights
+
+
+@njit(cache=True, nogil=True)
+def _sort_row(cols, vals):
+    """Stable sort of one row's ``cols`` (and ``vals`` with them), in place."""
+    k = cols.size
+    if k <= 32:  # insertion sort: most rows are short
+        for i in range(1, k):
+            c, v = cols[i], vals[i]
+            j = i - 1
+            while j >= 0 and cols[j] > c:
+                cols[j + 1] = cols[j]
+                vals[j + 1] = vals[j]
+                j -= 1
+            cols[j + 1] = c
+            vals[j + 1] = v
+        return
+    order = np.argsort(cols, kind="mergesort")
+    cols[:] = cols[order]
+    vals[:] = vals[order]
+
+
+@njit(cache=True, nogil=True)
+def _coo_to_csr(n, src, dst, w, undirected):
+    """Counting sort of the edges by row, then each row sorted by column with duplicates summed
+    in input order (the forward edges first, then the reversed ones, as if concatenated): no
+    array larger than the directed edges is made, nor any int64 one of that size."""
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    for e in range(src.size):
+        ptr[src[e] + 1] += 1
+        if undirected and src[e] != dst[e]:
+            ptr[dst[e] + 1] += 1
+    for i in range(n):
+        ptr[i + 1] += ptr[i]
+    fill = ptr[:-1].copy()
+    cols = np.empty(ptr[n], dtype=np.int32)
+    vals = np.empty(ptr[n], dtype=np.float64)
+    for e in range(src.size):
+        pos = fill[src[e]]
+        cols[pos] = dst[e]
+        vals[pos] = w[e]
+        fill[src[e]] = pos + 1
     if undirected:
-        off = src != dst
-        src, dst = np.concatenate([src, dst[off]]), np.concatenate([dst, src[off]])
-        w = np.concatenate([w, w[off]])
-    key = src * max(m, 1) + dst
-    uniq, inv = np.unique(key, return_inverse=True)
-    wsum = np.bincount(inv.reshape(-1), weights=w, minlength=uniq.size).astype(np.float64)
-    rows = uniq // max(m, 1)
-    cols = uniq - rows * max(m, 1)
+        for e in range(src.size):
+            if src[e] != dst[e]:
+                pos = fill[dst[e]]
+                cols[pos] = src[e]
+                vals[pos] = w[e]
+                fill[dst[e]] = pos + 1
     indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
-    return indptr, cols.astype(np.int32), wsum
+    out = 0
+    for u in range(n):
+        lo, hi = ptr[u], ptr[u + 1]
+        _sort_row(cols[lo:hi], vals[lo:hi])
+        e = lo
+        while e < hi:  # out <= e: the merged row moves left in place
+            c = cols[e]
+            s = 0.0
+            while e < hi and cols[e] == c:
+                s += vals[e]
+                e += 1
+            cols[out] = c
+            vals[out] = s
+            out += 1
+        indptr[u + 1] = out
+    return indptr, cols[:out].copy(), vals[:out].copy()
 
 
 @njit(cache=True, nogil=True)

@@ -54,7 +54,7 @@ class EmbedderConfig:
     model_path: str | None = None  # minilm: a folder; default is the packaged model
     device: str = "auto"  # auto | cpu | cuda
     max_length: int = 256  # word pieces per text
-    batch_tokens: int = 4096  # padded tokens per forward pass (length-bucketed batches)
+    batch_tokens: int = 2048  # padded tokens per forward pass (length-bucketed batches)
     # auto: bf16 weights where the CPU has native bf16 (AVX512-BF16/AMX) or on CUDA, else fp32;
     # int8: dynamic int8 attention projections (for CPUs without bf16; cosine to fp32 ~0.997)
     precision: str = "auto"

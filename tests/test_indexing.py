@@ -355,6 +355,37 @@ def test_bf16_batchings_give_the_same_index_within_the_bf16_tolerance(tmp_path, 
     assert_same_index(a, b)
 
 
+def test_batches_are_padded_to_few_widths_that_hold_each_text():
+    """Batch widths are rounded up by at most 1/8 (exact below 16 word pieces), so an index meets
+    few shapes; every text lands in exactly one batch no narrower than it, within the budget."""
+    from hipgraph.models.embedders import padded_width, token_batches
+
+    widths = [padded_width(n, 256) for n in range(1, 257)]
+    assert widths[:15] == list(range(1, 16)) and widths[-1] == 256
+    assert all(n <= w <= min(256, n + n // 8) for n, w in enumerate(widths, start=1))
+    assert len(set(widths)) == 48 and padded_width(250, 252) == 252 and padded_width(300, 256) == 300
+    lengths = np.random.default_rng(3).integers(1, 257, 2000)
+    seen = []
+    for batch, width in token_batches(lengths, 2048, 256):
+        assert lengths[batch].max() <= width == padded_width(int(lengths[batch].max()), 256)
+        assert len(batch) * width <= 2048 or len(batch) == 1
+        seen.extend(batch.tolist())
+    assert sorted(seen) == list(range(2000))
+
+
+def test_padding_leaves_each_texts_vector_as_if_embedded_alone(embedder):
+    """Texts of mixed lengths in one call (padded to their batch's width) get the vectors they get
+    one at a time (fp32: the padding is masked out)."""
+    texts = ["Paris", "The Eiffel Tower stands in Paris, the capital of France.",
+             "Marie Curie won two Nobel Prizes, in physics in 1903 and in chemistry in 1911, the "
+             "first person to win twice and the only one in two sciences.", "Nobel Prize in Physics"]
+    texts += [f"{t} ({i})" for i, t in enumerate(texts)] + ["Warsaw", "radium and polonium"]
+    assert len(texts) > embedder.config.small_batch  # the torch batch path, not the question path
+    together = embedder.embed(texts)
+    alone = np.vstack([embedder._embed_unique([t]) for t in texts])
+    assert np.abs(together - alone).max() <= VECTOR_TOL["fp32"]
+
+
 def test_dumps_name_the_precision_the_embedder_resolves(default_embedder, embedder):
     """assert_same_index picks its tolerance by the precision a dump names: it must be the one the
     library's embedder really ran at (``auto`` resolved the same way)."""

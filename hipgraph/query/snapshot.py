@@ -134,8 +134,10 @@ def build_snapshot(store: GraphStore) -> GraphSnapshot:
     ent_dst = _lookup(entity_ids, dst_e)
     ok_m = (mention_src >= 0) & (mention_dst >= 0)
     ok_e = (ent_src >= 0) & (ent_dst >= 0)
-    # node numbers as int32 (prepare_graph allows fewer than 2**31 nodes): the edge arrays of a
-    # large index are its largest temporaries
+    # node numbers as int32, the edge arrays of a large index being its largest temporaries;
+    # checked first, so that they cannot wrap (prepare_graph's limit, raised as it raises it)
+    if n_p + n_e >= 2**31:
+        raise ValueError(f"at most 2**31 - 1 nodes are supported, got {n_p + n_e}")
     m_src, m_dst = mention_src[ok_m].astype(np.int32), mention_dst[ok_m].astype(np.int32)
     del mention_src, mention_dst, src_m, dst_m, cols["mentions"]
     src = np.concatenate([m_src, (n_p + ent_src[ok_e]).astype(np.int32)])

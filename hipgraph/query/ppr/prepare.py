@@ -63,8 +63,7 @@ def to_csr(
         raise ValueError("edge weights must be finite")
     if np.any(w < 0):
         raise ValueError("edge weights must be non-negative")
-    indptr, indices, weights = _coo_to_csr(n, src, dst, w, undirected)
-    return indptr, indices, weights
+    return _coo_to_csr(n, src, dst, w, undirected)
 
 
 @njit(cache=True, nogil=True)

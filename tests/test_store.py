@@ -32,6 +32,7 @@ from hipgraph.errors import (
     StoreError,
 )
 from hipgraph.store import vectors as vectors_module
+from hipgraph.store.scan import pairs_at_least
 from hipgraph.store.schema import SCHEMA_VERSION, VECTOR_KINDS
 from hipgraph.store.vectors import FaissVectorIndex
 
@@ -660,7 +661,9 @@ def test_flat_range_search_equals_faiss_range_search_after_removals(monkeypatch)
     index.build(ids, stored)
     index.remove(ids[100:150])  # removals compact the stored rows and the id map together
     queries = np.vstack([stored[:300], _unit(20, d, seed=10)])
-    monkeypatch.setattr(vectors_module, "FLAT_RANGE_BLOCK", 7 * index.ntotal)  # 7 rows a block
+    # groups of 64 queries against slices of 267 stored vectors: 5 groups x 10 slices
+    monkeypatch.setattr(vectors_module, "FLAT_RANGE_ROWS", 64)
+    monkeypatch.setattr(vectors_module, "FLAT_RANGE_BLOCK", 7 * index.ntotal)
     hits = index.range_search(queries, 0.7)
     lims, scores, found = index._index.range_search(queries, 0.7 - 1e-6)
     total = 0
@@ -671,6 +674,20 @@ def test_flat_range_search_equals_faiss_range_search_after_removals(monkeypatch)
         assert not set(got_ids.tolist()) & set(ids[100:150].tolist())
         total += len(got_ids)
     assert total >= 400  # the planted neighbours and the queries themselves (less the removed)
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (1, 1), (7, 63), (5, 64), (9, 65), (40, 1000)])
+def test_pairs_at_least_equals_nonzero(shape):
+    # the flat range search's scan: the entries >= a float32 limit, row-major, as numpy finds them
+    rng = np.random.default_rng(shape[0] * 1000 + shape[1])
+    scores = rng.uniform(-1, 1, shape).astype(np.float32)
+    if scores.size:
+        scores.flat[:: 3] = np.float32(0.5)  # ties with the limit count (>=)
+    for limit in (0.5, 0.99, -1.0, 2.0):  # some, few, all, none (all: past the first buffer)
+        rows, cols = pairs_at_least(scores, np.float32(limit))
+        want_rows, want_cols = np.nonzero(scores >= limit)
+        assert rows.tolist() == want_rows.tolist()
+        assert cols.tolist() == want_cols.tolist()
 
 
 def test_empty_index_search():

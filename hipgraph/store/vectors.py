@@ -16,6 +16,7 @@ import numpy as np
 
 from hipgraph.config import VectorIndexConfig
 from hipgraph.errors import BackendUnavailableError, StoreError
+from hipgraph.store.scan import pairs_at_least
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,8 @@ SCORE_TOLERANCE = {True: 0.05, False: 1e-3}  # a unit vector's best score: 1 +- 
 FLOAT_CANDIDATE_MARGIN = 1e-4
 SQ8_CANDIDATE_MARGIN = 1e-2
 RANGE_BATCH = 4096  # query rows per FAISS range search (synonym kNN of a batch's new entities)
-FLAT_RANGE_BLOCK = 1 << 23  # scores (floats) per block of a flat range search: 32 MB
+FLAT_RANGE_BLOCK = 1 << 21  # scores (floats) per block of a flat range search: 8 MB
+FLAT_RANGE_ROWS = 1024  # queries that share each slice of a flat range search's stored vectors
 # an IVF range search runs as one matrix product per probed list (BLAS) once a call probes each
 # list for at least this many queries on average; below it FAISS's own scan, one query at a time,
 # is faster (it needs no decoding of whole lists). Measured even at 5-8 queries per list on two
@@ -265,18 +267,31 @@ class FaissVectorIndex:
     def _flat_range_search(self, queries: np.ndarray, threshold: float) -> list[tuple[np.ndarray, np.ndarray]]:
         """:meth:`range_search` over the flat layout as blocked matrix products (BLAS) on the
         stored vectors, read in place: FAISS's flat range search computes its products without
-        BLAS, 5-9x slower for a batch of names against 31k (build's synonym search)."""
+        BLAS, 5-9x slower for a batch of names against 31k (build's synonym search). Up to
+        :data:`FLAT_RANGE_ROWS` queries at a time meet the stored vectors in slices of columns,
+        so each slice is read from memory once per group of queries, not once per few rows, and
+        the scores above the threshold are picked out by :func:`~hipgraph.store.scan.pairs_at_least`."""
         n, d = int(self._inner.ntotal), self.dimension
         stored = self._faiss.rev_swig_ptr(self._inner.get_xb(), n * d).reshape(n, d)
         ids = self._faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
-        rows_per_block = max(1, FLAT_RANGE_BLOCK // n)  # bounded score matrices on any size
+        limit = np.float32(threshold)  # as numpy compares a float32 matrix with a Python float
         out = []
-        for lo in range(0, len(queries), rows_per_block):
-            scores = queries[lo:lo + rows_per_block] @ stored.T
-            rows, cols = np.nonzero(scores >= threshold)
-            found = scores[rows, cols]
-            bounds = np.searchsorted(rows, np.arange(len(scores) + 1))
-            out.extend((ids[cols[a:b]], found[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+        for lo in range(0, len(queries), FLAT_RANGE_ROWS):
+            group = queries[lo:lo + FLAT_RANGE_ROWS]
+            width = max(256, FLAT_RANGE_BLOCK // len(group))  # bounded score matrices on any size
+            rows, cols, found = [], [], []
+            for start in range(0, n, width):
+                scores = group @ stored[start:start + width].T
+                r, c = pairs_at_least(scores, limit)
+                rows.append(r)
+                cols.append(c + start)
+                found.append(scores[r, c])
+            r, c, s = np.concatenate(rows), np.concatenate(cols), np.concatenate(found)
+            # by query; within one, slice by slice: stored positions ascending, as one product gives
+            order = np.argsort(r, kind="stable")
+            r, c, s = r[order], c[order], s[order]
+            bounds = np.searchsorted(r, np.arange(len(group) + 1))
+            out.extend((ids[c[a:b]], s[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
         return out
 
     def _blas_decodable(self) -> bool:

@@ -35,6 +35,14 @@ FLAT_RANGE_ROWS = 1024  # queries that share each slice of a flat range search's
 IVF_BLAS_QUERIES_PER_LIST = 8
 
 
+def _per_query(rows: np.ndarray, ids: np.ndarray, scores: np.ndarray, m: int
+               ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A range search's hits, ordered by query row (``rows`` ascending), as ``(ids, scores)``
+    for each of the ``m`` queries (empty arrays for a query without hits)."""
+    bounds = np.searchsorted(rows, np.arange(m + 1))
+    return [(ids[a:b], scores[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
 def _faiss():
     try:
         import faiss  # noqa: PLC0415 - optional dependency, imported on first use
@@ -289,9 +297,7 @@ class FaissVectorIndex:
             r, c, s = np.concatenate(rows), np.concatenate(cols), np.concatenate(found)
             # by query; within one, slice by slice: stored positions ascending, as one product gives
             order = np.argsort(r, kind="stable")
-            r, c, s = r[order], c[order], s[order]
-            bounds = np.searchsorted(r, np.arange(len(group) + 1))
-            out.extend((ids[c[a:b]], s[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+            out.extend(_per_query(r[order], ids[c[order]], s[order], len(group)))
         return out
 
     def _blas_decodable(self) -> bool:
@@ -371,9 +377,7 @@ class FaissVectorIndex:
         found_rows, found_ids = np.concatenate(found_rows), np.concatenate(found_ids).astype(np.int64)
         found_scores = np.concatenate(found_scores).astype(np.float32)
         order = np.lexsort((found_ids, found_rows))
-        found_rows, found_ids, found_scores = found_rows[order], found_ids[order], found_scores[order]
-        bounds = np.searchsorted(found_rows, np.arange(m + 1))
-        return [(found_ids[a:b], found_scores[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        return _per_query(found_rows[order], found_ids[order], found_scores[order], m)
 
     def _search_index(self):
         if self.config.use_gpu == "never" or self.layout == "hnsw":

@@ -2,6 +2,7 @@
 
     python benchmarks/scale.py --sizes 10000,100000 [--workers 2]          # synthetic text, real models
     python benchmarks/scale.py --sizes 10000,100000,1000000 --synthetic    # synthetic vectors + extractions
+    python benchmarks/scale.py --sizes 10000,100000,1000000 --synthetic --bracket  # smaller sizes again after
 
 Each size gets a fresh index of a synthetic corpus (deterministic: made-up people, companies and
 places in short factual sentences), built through the normal pipeline from a stream of documents.
@@ -15,7 +16,13 @@ places in short factual sentences), built through the normal pipeline from a str
 Printed per size: build seconds and passages/s, disk bytes per passage, peak RSS of the process
 (a child per size, so sizes do not share memory; building and querying), the FAISS layouts chosen,
 dense and graph query p50 over questions about the corpus's facts, and the growth ratios between
-consecutive sizes (linear growth: ratios close to the size ratio).
+consecutive sizes (linear growth: ratios close to the size ratio), in wall time and in the CPU time
+the build used (its process and any worker processes).
+
+A VM's speed drifts over the minutes a large size takes, and a ratio then compares a fast moment
+with a slow one. ``--bracket`` builds every size below the largest a second time after it (in
+descending order), so each smaller size is measured once before and once after the larger ones;
+the ratios are then taken between the means of each size's builds, and each build is listed.
 """
 
 from __future__ import annotations
@@ -100,6 +107,30 @@ class PatternExtractor:
         return out
 
 
+def cpu_seconds() -> float:
+    """User and system CPU time of this process and of its waited-for children (worker processes)."""
+    import resource  # noqa: PLC0415
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def by_size(rows: list[dict]) -> list[dict]:
+    """One row per size, in ascending order: the mean of that size's builds (wall, CPU, until
+    closed) with the other figures of its last run."""
+    out = []
+    for size in sorted({r["size"] for r in rows}):
+        runs = [r for r in rows if r["size"] == size]
+        mean = dict(runs[-1])
+        for key in ("build_s", "build_cpu_s", "closed_s"):
+            values = [r[key] for r in runs if key in r]
+            if values:
+                mean[key] = statistics.fmean(values)
+        mean["runs"] = len(runs)
+        out.append(mean)
+    return out
+
+
 def build_and_query(size: int, root: Path, n_queries: int, synthetic: bool, workers: int | None,
                     batch_size: int | None = None, query_only: bool = False) -> dict:
     """One size, in this process (called in a child per size). With ``query_only``, the index
@@ -126,14 +157,15 @@ def build_and_query(size: int, root: Path, n_queries: int, synthetic: bool, work
         out = json.loads(record.read_text())
     else:
         shutil.rmtree(path, ignore_errors=True)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_seconds()
         with hipgraph.open(path, create=True, config=config) as hg:
             report = hg.add_documents(docs, workers=workers, batch_size=batch_size)
             build = time.perf_counter() - t0
+            build_cpu = cpu_seconds() - cpu0
             stats = dict(hg.stats())
             out = {"size": size, "mode": "synthetic vectors+extractions" if synthetic else "synthetic text",
                    "batch_size": batch_size or hg.config.batch_size, "workers": workers or 0,
-                   "build_s": round(build, 1), "passages": stats["passages"],
+                   "build_s": round(build, 1), "build_cpu_s": round(build_cpu, 1), "passages": stats["passages"],
                    "entities": stats["entities"], "facts": stats["facts"],
                    "stages_s": {k: round(v, 1) for k, v in report.seconds.items()},
                    "layouts": {k: v.layout for k, v in hg.vectors.indexes.items()},
@@ -166,6 +198,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=None, help="local worker processes for the build")
     parser.add_argument("--batch-size", type=int, default=None, help="documents per committed batch (256)")
     parser.add_argument("--query-only", action="store_true", help="query the indexes of an earlier run again")
+    parser.add_argument("--bracket", action="store_true",
+                        help="build the sizes below the largest again after it (descending); ratios of the means")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # child mode
     args = parser.parse_args()
     if args.one is not None:
@@ -174,7 +208,10 @@ def main() -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for size in [int(s) for s in args.sizes.split(",") if s]:
+    sizes = sorted({int(s) for s in args.sizes.split(",") if s})
+    if args.bracket and not args.query_only:
+        sizes += sorted(sizes[:-1], reverse=True)
+    for size in sizes:
         extra = ((["--synthetic"] if args.synthetic else []) + (["--workers", str(args.workers)] if args.workers else [])
                  + (["--batch-size", str(args.batch_size)] if args.batch_size else [])
                  + (["--query-only"] if args.query_only else []))
@@ -182,20 +219,28 @@ def main() -> int:
                                "--queries", str(args.queries), *extra], capture_output=True, text=True, check=True)
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), file=sys.stderr)
+    nan = float("nan")  # records of earlier runs may lack a figure
     print(f"mode: {rows[0]['mode'] if rows else '-'}; peak RSS: of the build, and of the whole process "
           f"({'querying only' if args.query_only else 'build and queries'})")
     print("build s: adding the documents; closed s: until the index is closed (final checkpoint and save)")
-    print(f"{'passages':>9s} {'build s':>8s} {'closed s':>9s} {'pass/s':>7s} {'disk MB':>8s} {'B/passage':>10s} "
+    if len(rows) > len({r["size"] for r in rows}):
+        print("builds in the order run (wall s / CPU s): " + ", ".join(
+            f"{r['size']}: {r['build_s']:.1f} / {r.get('build_cpu_s', nan):.1f}" for r in rows))
+        print("below: the mean of each size's builds")
+    rows = by_size(rows)
+    print(f"{'passages':>9s} {'build s':>8s} {'CPU s':>7s} {'closed s':>9s} {'pass/s':>7s} {'disk MB':>8s} "
+          f"{'B/passage':>10s} "
           f"{'build RSS MB':>13s} {'peak RSS MB':>12s} {'dense p50':>10s} {'graph p50':>10s}")
-    nan = float("nan")  # records of earlier runs may lack a figure
     for r in rows:
         closed = r.get("closed_s", nan)
-        print(f"{r['passages']:9d} {r['build_s']:8.1f} {closed:9.1f} {r['passages'] / r['build_s']:7.1f} {r['disk_mb']:8.1f} "
+        print(f"{r['passages']:9d} {r['build_s']:8.1f} {r.get('build_cpu_s', nan):7.1f} {closed:9.1f} "
+              f"{r['passages'] / r['build_s']:7.1f} {r['disk_mb']:8.1f} "
               f"{r['disk_mb'] * 2**20 / r['passages']:10.0f} {r.get('build_peak_rss_mb', nan):13.1f} "
               f"{r['peak_rss_mb']:12.1f} {r['dense_p50_ms']:10.2f} {r['graph_p50_ms']:10.2f}")
     for a, b in zip(rows, rows[1:], strict=False):
         print(f"{a['passages']} -> {b['passages']} passages (x{b['passages'] / a['passages']:.1f}): build "
-              f"x{b['build_s'] / a['build_s']:.2f} (until closed x{b.get('closed_s', nan) / a.get('closed_s', nan):.2f}), disk x{b['disk_mb'] / a['disk_mb']:.2f}, "
+              f"x{b['build_s'] / a['build_s']:.2f} (CPU x{b.get('build_cpu_s', nan) / a.get('build_cpu_s', nan):.2f}, "
+              f"until closed x{b.get('closed_s', nan) / a.get('closed_s', nan):.2f}), disk x{b['disk_mb'] / a['disk_mb']:.2f}, "
               f"graph p50 x{b['graph_p50_ms'] / a['graph_p50_ms']:.2f}")
     return 0
 

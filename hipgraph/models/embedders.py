@@ -77,8 +77,15 @@ class MiniLMEmbedder:
         self._onnx_lock = threading.Lock()
         self._traced = None  # TracedEncoder for small calls, False when not used
         self._traced_lock = threading.Lock()
+        self.loaded_on: int | None = None
 
     # ------------------------------------------------------------------ loading
+    def load(self) -> None:
+        """Load the weights now, on the calling thread (else the first :meth:`embed` does)."""
+        with self._lock:
+            if self._model is None:
+                self._load()
+
     def _load(self) -> None:
         # oneDNN caches kernels per input shape; unbounded, the cache grows the process by hundreds
         # of MB over a long indexing run (read when oneDNN first runs, so set before loading)
@@ -108,6 +115,7 @@ class MiniLMEmbedder:
         model = model.to(device)
         self._tokenizer, self._model, self._device = tokenizer, model, device
         self.precision = precision
+        self.loaded_on = threading.get_ident()  # the thread that loaded the weights
         logger.info("loaded %s on %s (%s)", self.name, device, precision)
 
     # ------------------------------------------------------------------ embedding

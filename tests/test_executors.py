@@ -220,7 +220,7 @@ def test_local_executor_extracts_and_embeds_on_own_threads_in_order_and_passes_o
 
 
 def test_local_executor_loads_the_embedding_model_on_the_calling_thread_once_a_batch_comes():
-    """Loaded by the embedding thread instead, a build from the main thread ran 15-25% slower
+    """Loaded by the embedding thread instead, a build from the main thread ran 12-29% slower
     (README): the model is loaded by the thread that calls ``map``, and only when there is work."""
     import threading
 

@@ -120,8 +120,10 @@ class ThreadExecutor:
 
     def _load_embedder(self) -> None:
         """Load the embedding model on the calling thread before the first batch (only when
-        there is one). Loaded by the embedding thread's first call instead, a 2Wiki build from the
-        main thread ran 15-30% slower all the way through (README, "Benchmarks")."""
+        there is one). Loaded by the embedding thread's first call instead, a build from the main
+        thread ran 12-29% slower all the way through (README, "Benchmarks"). Once per executor:
+        ``load`` takes the lock the embedding thread holds while it embeds, so calling it for
+        every batch would make the caller wait for the batch in flight."""
         self._loaded = True
         load = getattr(self.embedder, "load", None)
         if callable(load):
